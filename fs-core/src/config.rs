@@ -1,0 +1,105 @@
+//! One options struct for a mount, shared by both CLIs and every layer of the core.
+//!
+//! The CLIs parse flags into [`MountConfig`]; nothing below the facade reads flags or the
+//! environment. Defaults live here so Linux and Windows agree on them.
+
+use std::time::Duration;
+
+/// Everything that shapes one mount's behaviour.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// The bucket name, without `gs://`.
+    pub bucket: String,
+    /// A key prefix to mount instead of the bucket root; empty, or ending in `/`.
+    pub prefix: String,
+    /// How long a positive stat result is trusted.
+    pub stat_ttl: Duration,
+    /// How long "this name does not exist" is trusted.
+    pub negative_ttl: Duration,
+    /// Upper bound on entries in each metadata cache.
+    pub cache_entries: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub file_mode: u16,
+    pub dir_mode: u16,
+    /// Size of one prefetch part (one ranged GET).
+    pub read_part_size: u64,
+    /// Ranged GETs in flight per open file when reading sequentially.
+    pub read_concurrency: usize,
+    /// Bytes of prefetched data allowed across all open files.
+    pub max_read_memory: u64,
+    /// Free space reported by statfs; never 0, because some programs refuse to copy then.
+    pub reported_free_bytes: u64,
+}
+
+impl MountConfig {
+    /// A configuration with the documented defaults for `bucket`.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        MountConfig {
+            bucket: bucket.into(),
+            prefix: String::new(),
+            stat_ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(5),
+            cache_entries: 100_000,
+            uid: 0,
+            gid: 0,
+            file_mode: 0o644,
+            dir_mode: 0o755,
+            read_part_size: 8 * 1024 * 1024,
+            read_concurrency: 8,
+            max_read_memory: 1024 * 1024 * 1024,
+            reported_free_bytes: 1 << 50,
+        }
+    }
+
+    /// Sets the mounted prefix, normalising it to end in `/` (or be empty).
+    pub fn with_prefix(mut self, prefix: &str) -> Self {
+        let p = prefix.trim_matches('/');
+        self.prefix = if p.is_empty() { String::new() } else { format!("{p}/") };
+        self
+    }
+}
+
+/// Parses `BUCKET`, `BUCKET/PREFIX` or `gs://BUCKET/PREFIX` into bucket and prefix.
+pub fn parse_bucket_spec(spec: &str) -> Result<(String, String), String> {
+    let rest = spec.strip_prefix("gs://").unwrap_or(spec);
+    let (bucket, prefix) = match rest.split_once('/') {
+        Some((b, p)) => (b, p),
+        None => (rest, ""),
+    };
+    if bucket.len() < 3 || bucket.len() > 222 {
+        return Err(format!("invalid bucket name {bucket:?}: must be 3 to 222 characters"));
+    }
+    let ok = bucket
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        return Err(format!(
+            "invalid bucket name {bucket:?}: use lowercase letters, digits, '-', '_' and '.'"
+        ));
+    }
+    Ok((bucket.to_string(), prefix.trim_matches('/').to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_specs() {
+        assert_eq!(parse_bucket_spec("my-bucket").unwrap(), ("my-bucket".into(), "".into()));
+        assert_eq!(
+            parse_bucket_spec("gs://my-bucket/a/b/").unwrap(),
+            ("my-bucket".into(), "a/b".into())
+        );
+        assert_eq!(parse_bucket_spec("bkt/x").unwrap(), ("bkt".into(), "x".into()));
+        assert!(parse_bucket_spec("ab").is_err());
+        assert!(parse_bucket_spec("Upper").is_err());
+    }
+
+    #[test]
+    fn prefix_normalised() {
+        assert_eq!(MountConfig::new("b").with_prefix("/a/b/").prefix, "a/b/");
+        assert_eq!(MountConfig::new("b").with_prefix("").prefix, "");
+    }
+}

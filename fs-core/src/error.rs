@@ -1,0 +1,96 @@
+//! Filesystem errors, and the one place they become `errno` (Linux) and `NTSTATUS` (Windows).
+//!
+//! Every layer below the facade reports a [`StoreError`](crate::store::StoreError) or an
+//! [`FsError`]; adapters never invent their own codes. Keeping both mappings side by side makes it
+//! hard for Linux and Windows to drift apart on what, say, a precondition failure means.
+
+use crate::store::{StoreError, StoreErrorKind};
+
+/// An error the filesystem reports to the kernel.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("read-only file system")]
+    ReadOnly,
+    #[error("the object changed in the bucket while it was open")]
+    Stale,
+    #[error("name cannot be stored in the bucket: {0}")]
+    InvalidName(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("bad file handle")]
+    BadHandle,
+    #[error("checksum mismatch: {0}")]
+    Corrupt(String),
+    #[error("bucket busy, retries exhausted: {0}")]
+    Busy(String),
+    #[error("operation not supported")]
+    Unsupported,
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+impl FsError {
+    /// The Linux errno for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::Stale => libc::ESTALE,
+            FsError::InvalidName(_) => libc::EINVAL,
+            FsError::PermissionDenied(_) => libc::EACCES,
+            FsError::BadHandle => libc::EBADF,
+            FsError::Corrupt(_) => libc::EIO,
+            FsError::Busy(_) => libc::EAGAIN,
+            FsError::Unsupported => libc::ENOSYS,
+            FsError::Io(_) => libc::EIO,
+        }
+    }
+
+    /// The Windows `NTSTATUS` for this error, used by the WinFsp adapter.
+    pub fn ntstatus(&self) -> u32 {
+        match self {
+            FsError::NotFound => 0xC000_0034,         // STATUS_OBJECT_NAME_NOT_FOUND
+            FsError::Exists => 0xC000_0035,           // STATUS_OBJECT_NAME_COLLISION
+            FsError::NotDir => 0xC000_0103,           // STATUS_NOT_A_DIRECTORY
+            FsError::IsDir => 0xC000_00BA,            // STATUS_FILE_IS_A_DIRECTORY
+            FsError::NotEmpty => 0xC000_0101,         // STATUS_DIRECTORY_NOT_EMPTY
+            FsError::ReadOnly => 0xC000_00A2,         // STATUS_MEDIA_WRITE_PROTECTED
+            FsError::Stale => 0xC000_0128,            // STATUS_FILE_CLOSED
+            FsError::InvalidName(_) => 0xC000_0033,   // STATUS_OBJECT_NAME_INVALID
+            FsError::PermissionDenied(_) => 0xC000_0022, // STATUS_ACCESS_DENIED
+            FsError::BadHandle => 0xC000_0008,        // STATUS_INVALID_HANDLE
+            FsError::Corrupt(_) => 0xC000_003E,       // STATUS_DATA_ERROR
+            FsError::Busy(_) => 0xC000_00B5,          // STATUS_IO_TIMEOUT
+            FsError::Unsupported => 0xC000_00BB,      // STATUS_NOT_SUPPORTED
+            FsError::Io(_) => 0xC000_0185,            // STATUS_IO_DEVICE_ERROR
+        }
+    }
+}
+
+impl From<StoreError> for FsError {
+    fn from(e: StoreError) -> Self {
+        match e.kind {
+            StoreErrorKind::NotFound => FsError::NotFound,
+            StoreErrorKind::PreconditionFailed => FsError::Stale,
+            StoreErrorKind::PermissionDenied => FsError::PermissionDenied(e.message),
+            StoreErrorKind::Throttled | StoreErrorKind::Transient => FsError::Busy(e.message),
+            StoreErrorKind::InvalidArgument | StoreErrorKind::Other => FsError::Io(e.message),
+        }
+    }
+}
+
+pub type FsResult<T> = Result<T, FsError>;

@@ -1,0 +1,18 @@
+//! `fs-core`: the platform-neutral heart of bucketdrive.
+//!
+//! Requests flow one way: an adapter (FUSE or WinFsp) calls the [`Filesystem`] facade, which
+//! uses the [`namespace`] (what exists, inode numbers, caches) and the [`read`] path
+//! (read-ahead within a memory budget), which both talk to the bucket only through the
+//! [`store::ObjectStore`] trait. No layer knows about the one above it.
+
+pub mod config;
+pub mod error;
+pub mod filesystem;
+pub mod namespace;
+pub mod read;
+pub mod store;
+
+pub use config::MountConfig;
+pub use error::{FsError, FsResult};
+pub use filesystem::{Filesystem, Opened, StatFs};
+pub use namespace::{Attr, DirEntry, Ino, Kind, ROOT_INO};

@@ -1,0 +1,158 @@
+//! The inode table: stable numbers for paths, and the kernel's lookup counts.
+//!
+//! Every path the kernel has been told about has one inode number until the kernel forgets it.
+//! Numbers are never reused within a mount, so a stale kernel reference can never reach a
+//! different file. A path that changes kind (a file replaced by a directory of the same name)
+//! gets a new number, because the kernel must not see an inode change type.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::store::ObjectMeta;
+
+pub type Ino = u64;
+pub const ROOT_INO: Ino = 1;
+
+/// File or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    File,
+    Dir,
+}
+
+/// One inode.
+#[derive(Debug, Clone)]
+pub struct Inode {
+    pub path: String,
+    pub kind: Kind,
+    /// How many times the kernel has been handed this inode and not yet forgotten it.
+    pub lookups: u64,
+    /// Latest metadata seen for a file.
+    pub meta: Option<Arc<ObjectMeta>>,
+    /// Generation served by the most recent open, to decide whether the kernel's page cache for
+    /// this inode is still valid.
+    pub last_open_generation: Option<i64>,
+}
+
+/// All inodes of one mount.
+#[derive(Debug)]
+pub struct InodeTable {
+    by_ino: HashMap<Ino, Inode>,
+    by_path: HashMap<String, Ino>,
+    next: Ino,
+}
+
+impl Default for InodeTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InodeTable {
+    pub fn new() -> Self {
+        let mut t = InodeTable { by_ino: HashMap::new(), by_path: HashMap::new(), next: ROOT_INO + 1 };
+        let root = Inode { path: String::new(), kind: Kind::Dir, lookups: 1, meta: None, last_open_generation: None };
+        t.by_ino.insert(ROOT_INO, root);
+        t.by_path.insert(String::new(), ROOT_INO);
+        t
+    }
+
+    pub fn get(&self, ino: Ino) -> Option<&Inode> {
+        self.by_ino.get(&ino)
+    }
+
+    pub fn get_mut(&mut self, ino: Ino) -> Option<&mut Inode> {
+        self.by_ino.get_mut(&ino)
+    }
+
+    /// The inode for `path` as `kind`, created if needed, with its metadata refreshed. Adds
+    /// `add_lookups` to its lookup count.
+    pub fn upsert(&mut self, path: &str, kind: Kind, meta: Option<Arc<ObjectMeta>>, add_lookups: u64) -> Ino {
+        if let Some(&ino) = self.by_path.get(path) {
+            if let Some(inode) = self.by_ino.get_mut(&ino) {
+                if inode.kind == kind {
+                    if meta.is_some() {
+                        inode.meta = meta;
+                    }
+                    inode.lookups += add_lookups;
+                    return ino;
+                }
+            }
+            // Kind changed: detach the old number; the kernel will forget it in time.
+            self.by_path.remove(path);
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_ino.insert(
+            ino,
+            Inode { path: path.to_string(), kind, lookups: add_lookups, meta, last_open_generation: None },
+        );
+        self.by_path.insert(path.to_string(), ino);
+        ino
+    }
+
+    /// Adds to the lookup count of an existing inode.
+    pub fn add_lookup(&mut self, ino: Ino) {
+        if let Some(i) = self.by_ino.get_mut(&ino) {
+            i.lookups += 1;
+        }
+    }
+
+    /// The kernel dropped `n` references. The inode goes away when none remain.
+    pub fn forget(&mut self, ino: Ino, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let Some(inode) = self.by_ino.get_mut(&ino) else { return };
+        inode.lookups = inode.lookups.saturating_sub(n);
+        if inode.lookups == 0 {
+            let path = inode.path.clone();
+            self.by_ino.remove(&ino);
+            if self.by_path.get(&path) == Some(&ino) {
+                self.by_path.remove(&path);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_ino.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_ino.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_numbers_and_forget() {
+        let mut t = InodeTable::new();
+        let a = t.upsert("a", Kind::File, None, 1);
+        assert_eq!(t.upsert("a", Kind::File, None, 1), a);
+        assert_eq!(t.get(a).unwrap().lookups, 2);
+        t.forget(a, 1);
+        assert!(t.get(a).is_some());
+        t.forget(a, 1);
+        assert!(t.get(a).is_none());
+        let a2 = t.upsert("a", Kind::File, None, 1);
+        assert_ne!(a, a2, "numbers are never reused");
+        t.forget(ROOT_INO, 100);
+        assert!(t.get(ROOT_INO).is_some());
+    }
+
+    #[test]
+    fn kind_change_gets_new_number() {
+        let mut t = InodeTable::new();
+        let f = t.upsert("x", Kind::File, None, 1);
+        let d = t.upsert("x", Kind::Dir, None, 1);
+        assert_ne!(f, d);
+        // The old number stays valid for the kernel until forgotten, and forgetting it does not
+        // disturb the new mapping.
+        assert_eq!(t.get(f).unwrap().kind, Kind::File);
+        t.forget(f, 1);
+        assert_eq!(t.upsert("x", Kind::Dir, None, 0), d);
+    }
+}

@@ -1,0 +1,365 @@
+//! Names and inodes: what exists at a path, and what the kernel calls it.
+//!
+//! GCS has no directories, only keys. A directory exists here if a marker object `dir/` exists,
+//! if any object has the prefix `dir/`, or if the user made it (the write path adds those). A
+//! lookup asks both questions at once (a `HEAD` of `dir` and a one-item listing of `dir/`), and
+//! the directory wins when both answer. Results go to the stat or negative cache, and a
+//! `readdirplus` fills the stat cache with every entry, so `ls -l` costs one listing per page.
+//!
+//! This layer knows nothing of FUSE or WinFsp: it speaks paths, inode numbers and [`Attr`].
+
+pub mod cache;
+pub mod inode;
+pub mod names;
+pub mod readdir;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use moka::sync::Cache;
+use parking_lot::Mutex;
+
+use crate::config::MountConfig;
+use crate::error::{FsError, FsResult};
+use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreErrorKind};
+use cache::{Entry, MetaCache};
+pub use inode::{Ino, Kind, ROOT_INO};
+use inode::InodeTable;
+use readdir::{Listed, Listing};
+
+/// Attributes of a file or directory, platform-neutral.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: Kind,
+    pub size: u64,
+    pub mtime: SystemTime,
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    /// Object generation for files; 0 for directories.
+    pub generation: i64,
+}
+
+/// One directory entry, with attributes for `readdirplus`.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    /// Position of the entry; the kernel resumes a listing after it.
+    pub offset: u64,
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// The namespace of one mount.
+pub struct Namespace<S: ObjectStore> {
+    store: Arc<S>,
+    cfg: Arc<MountConfig>,
+    inodes: Mutex<InodeTable>,
+    cache: MetaCache,
+    /// Keys already reported as hidden by a directory, so each is logged once.
+    shadow_logged: Cache<String, ()>,
+    mount_time: SystemTime,
+}
+
+impl<S: ObjectStore> Namespace<S> {
+    pub fn new(store: Arc<S>, cfg: Arc<MountConfig>) -> Self {
+        Namespace {
+            cache: MetaCache::new(cfg.cache_entries, cfg.stat_ttl, cfg.negative_ttl),
+            shadow_logged: Cache::builder().max_capacity(10_000).build(),
+            store,
+            cfg,
+            inodes: Mutex::new(InodeTable::new()),
+            mount_time: SystemTime::now(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// The object key of a file at `path`.
+    pub fn key_of(&self, path: &str) -> String {
+        format!("{}{}", self.cfg.prefix, path)
+    }
+
+    /// The listing prefix of the directory at `path`.
+    fn dir_prefix(&self, path: &str) -> String {
+        if path.is_empty() {
+            self.cfg.prefix.clone()
+        } else {
+            format!("{}{}/", self.cfg.prefix, path)
+        }
+    }
+
+    fn note_shadowed(&self, key: &str) {
+        if !self.shadow_logged.contains_key(key) {
+            self.shadow_logged.insert(key.to_string(), ());
+            tracing::warn!(key, "object is hidden by a directory of the same name; the directory wins");
+        }
+    }
+
+    /// Path and kind of an inode.
+    pub fn inode_path(&self, ino: Ino) -> FsResult<(String, Kind)> {
+        let t = self.inodes.lock();
+        let i = t.get(ino).ok_or(FsError::NotFound)?;
+        Ok((i.path.clone(), i.kind))
+    }
+
+    fn attr_for(&self, ino: Ino, entry: &Entry) -> Attr {
+        match entry {
+            Entry::Dir => Attr {
+                ino,
+                kind: Kind::Dir,
+                size: 0,
+                mtime: self.mount_time,
+                perm: self.cfg.dir_mode,
+                uid: self.cfg.uid,
+                gid: self.cfg.gid,
+                generation: 0,
+            },
+            Entry::File(m) => Attr {
+                ino,
+                kind: Kind::File,
+                size: m.size,
+                mtime: m.mtime(),
+                perm: self.cfg.file_mode,
+                uid: self.cfg.uid,
+                gid: self.cfg.gid,
+                generation: m.generation,
+            },
+        }
+    }
+
+    /// Asks the bucket what is at `path`: a directory (marker or implied by any key under it),
+    /// a file, or nothing. Both questions go out at once.
+    async fn probe(&self, path: &str) -> FsResult<Option<Entry>> {
+        let key = self.key_of(path);
+        let list_req = ListRequest {
+            prefix: format!("{key}/"),
+            delimiter: Some("/".into()),
+            max_results: Some(1),
+            page_token: None,
+        };
+        let (head, listing) = tokio::join!(self.store.head(&key), self.store.list(&list_req));
+        let listing = listing?;
+        let is_dir = !listing.objects.is_empty() || !listing.prefixes.is_empty();
+        let file = match head {
+            Ok(m) => Some(m),
+            Err(e) if e.kind == StoreErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(match (is_dir, file) {
+            (true, Some(_)) => {
+                self.note_shadowed(&key);
+                Some(Entry::Dir)
+            }
+            (true, None) => Some(Entry::Dir),
+            (false, Some(m)) => Some(Entry::File(Arc::new(m))),
+            (false, None) => None,
+        })
+    }
+
+    /// What is at `path`, from the caches or the bucket.
+    async fn resolve(&self, path: &str) -> FsResult<Entry> {
+        match self.cache.get(path) {
+            Some(Some(e)) => return Ok(e),
+            Some(None) => return Err(FsError::NotFound),
+            None => {}
+        }
+        match self.probe(path).await? {
+            Some(e) => {
+                self.cache.insert(path, e.clone());
+                Ok(e)
+            }
+            None => {
+                self.cache.insert_missing(path);
+                Err(FsError::NotFound)
+            }
+        }
+    }
+
+    fn register(&self, path: &str, entry: &Entry, add_lookups: u64) -> Attr {
+        let (kind, meta) = match entry {
+            Entry::Dir => (Kind::Dir, None),
+            Entry::File(m) => (Kind::File, Some(m.clone())),
+        };
+        let ino = self.inodes.lock().upsert(path, kind, meta, add_lookups);
+        self.attr_for(ino, entry)
+    }
+
+    /// Looks up `name` in directory `parent`; the kernel now holds one more reference.
+    pub async fn lookup(&self, parent: Ino, name: &str) -> FsResult<Attr> {
+        let (dir, kind) = self.inode_path(parent)?;
+        if kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        if names::check_component(name).is_err() {
+            return Err(FsError::NotFound);
+        }
+        let path = names::join(&dir, name);
+        let entry = self.resolve(&path).await?;
+        Ok(self.register(&path, &entry, 1))
+    }
+
+    /// Current attributes of `ino`, refreshed from the bucket once the stat TTL has passed.
+    pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        let (path, kind) = self.inode_path(ino)?;
+        if kind == Kind::Dir {
+            return Ok(self.attr_for(ino, &Entry::Dir));
+        }
+        match self.resolve(&path).await? {
+            Entry::File(m) => {
+                if let Some(i) = self.inodes.lock().get_mut(ino) {
+                    i.meta = Some(m.clone());
+                }
+                Ok(self.attr_for(ino, &Entry::File(m)))
+            }
+            // The file became a directory: this inode no longer names anything.
+            Entry::Dir => Err(FsError::NotFound),
+        }
+    }
+
+    /// Metadata of the file `ino` for opening it, and whether the kernel may keep pages it
+    /// cached from an earlier open (only while the generation is unchanged).
+    pub async fn open_file(&self, ino: Ino) -> FsResult<(Arc<ObjectMeta>, bool)> {
+        let (path, kind) = self.inode_path(ino)?;
+        if kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let Entry::File(meta) = self.resolve(&path).await? else { return Err(FsError::IsDir) };
+        let mut t = self.inodes.lock();
+        let inode = t.get_mut(ino).ok_or(FsError::NotFound)?;
+        let keep_cache = inode.last_open_generation == Some(meta.generation);
+        inode.last_open_generation = Some(meta.generation);
+        inode.meta = Some(meta.clone());
+        Ok((meta, keep_cache))
+    }
+
+    /// Forgets a generation that turned out to be gone (the object was replaced or deleted).
+    pub fn invalidate(&self, ino: Ino) {
+        if let Ok((path, _)) = self.inode_path(ino) {
+            self.cache.invalidate(&path);
+        }
+    }
+
+    pub fn forget(&self, ino: Ino, n: u64) {
+        self.inodes.lock().forget(ino, n);
+    }
+
+    /// Counts one more kernel reference, for entries returned by `readdirplus`.
+    pub fn add_lookup(&self, ino: Ino) {
+        self.inodes.lock().add_lookup(ino);
+    }
+
+    /// Starts a pass over directory `ino`.
+    pub fn open_dir(&self, ino: Ino) -> FsResult<DirStream> {
+        let (path, kind) = self.inode_path(ino)?;
+        if kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        Ok(DirStream::new(ino, path.clone(), self.dir_prefix(&path)))
+    }
+
+    /// Entries of `stream` after position `offset`, fetching pages as needed. Returns an empty
+    /// list at the end. An `offset` before what the stream still holds restarts the listing.
+    pub async fn read_dir(&self, stream: &mut DirStream, offset: u64) -> FsResult<Vec<DirEntry>> {
+        if offset < stream.consumed {
+            stream.restart();
+        }
+        stream.buffer.retain(|e| e.offset > offset);
+        stream.consumed = stream.consumed.max(offset);
+        while stream.buffer.is_empty() && !stream.finished() {
+            self.fill(stream).await?;
+            stream.buffer.retain(|e| e.offset > offset);
+        }
+        Ok(stream.buffer.iter().take(MAX_ENTRIES_PER_CALL).cloned().collect())
+    }
+
+    async fn fill(&self, stream: &mut DirStream) -> FsResult<()> {
+        if !stream.dots_done {
+            stream.dots_done = true;
+            let parent = self.parent_ino(&stream.path);
+            let dot = self.attr_for(stream.ino, &Entry::Dir);
+            let dotdot = self.attr_for(parent, &Entry::Dir);
+            stream.push(".".into(), dot);
+            stream.push("..".into(), dotdot);
+            return Ok(());
+        }
+        let children = stream.listing.next_page(self.store.as_ref(), &|k| self.note_shadowed(k)).await?;
+        for child in children {
+            let (name, entry) = match child {
+                Listed::Dir(n) => (n, Entry::Dir),
+                Listed::File(n, m) => (n, Entry::File(Arc::new(m))),
+            };
+            let path = names::join(&stream.path, &name);
+            self.cache.insert(&path, entry.clone());
+            let attr = self.register(&path, &entry, 0);
+            stream.push(name, attr);
+        }
+        Ok(())
+    }
+
+    fn parent_ino(&self, path: &str) -> Ino {
+        let parent = match path.rfind('/') {
+            Some(i) => &path[..i],
+            None => "",
+        };
+        self.inodes.lock().upsert(parent, Kind::Dir, None, 0)
+    }
+
+    /// Number of live inodes; for tests and status.
+    pub fn inode_count(&self) -> usize {
+        self.inodes.lock().len()
+    }
+}
+
+/// Entries handed out per `read_dir` call; the kernel's buffer takes far fewer.
+const MAX_ENTRIES_PER_CALL: usize = 256;
+
+/// One open directory handle.
+pub struct DirStream {
+    ino: Ino,
+    path: String,
+    prefix: String,
+    listing: Listing,
+    dots_done: bool,
+    next_offset: u64,
+    consumed: u64,
+    buffer: std::collections::VecDeque<DirEntry>,
+}
+
+impl DirStream {
+    fn new(ino: Ino, path: String, prefix: String) -> Self {
+        DirStream {
+            listing: Listing::new(prefix.clone()),
+            ino,
+            path,
+            prefix,
+            dots_done: false,
+            next_offset: 1,
+            consumed: 0,
+            buffer: Default::default(),
+        }
+    }
+
+    fn restart(&mut self) {
+        *self = DirStream::new(self.ino, std::mem::take(&mut self.path), std::mem::take(&mut self.prefix));
+    }
+
+    fn finished(&self) -> bool {
+        self.dots_done && self.listing.is_done()
+    }
+
+    fn push(&mut self, name: String, attr: Attr) {
+        self.buffer.push_back(DirEntry { offset: self.next_offset, name, attr });
+        self.next_offset += 1;
+    }
+}
+
+/// TTL the kernel may cache attributes and entries for: the stat TTL.
+pub fn kernel_ttl(cfg: &MountConfig) -> Duration {
+    cfg.stat_ttl
+}
+
+#[cfg(test)]
+mod tests;

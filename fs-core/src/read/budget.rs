@@ -1,0 +1,86 @@
+//! The global read-ahead memory budget, shared by every open file of a mount.
+//!
+//! Each prefetch part reserves its size before its GET is sent and releases it when the part is
+//! dropped. A reservation that does not fit is refused rather than awaited: the reader then
+//! fetches only what it was asked for. Many readers therefore slow down to demand reads instead
+//! of running the process out of memory, and no reader can wait forever on memory that another,
+//! idle handle holds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug)]
+struct Inner {
+    total: u64,
+    used: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// A byte budget with non-blocking reservations.
+#[derive(Debug, Clone)]
+pub struct ReadBudget {
+    inner: Arc<Inner>,
+}
+
+/// Bytes held against the budget until dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    inner: Arc<Inner>,
+    bytes: u64,
+}
+
+impl ReadBudget {
+    pub fn new(total: u64) -> Self {
+        ReadBudget { inner: Arc::new(Inner { total, used: AtomicU64::new(0), peak: AtomicU64::new(0) }) }
+    }
+
+    /// Reserves `bytes` if they fit now.
+    pub fn try_reserve(&self, bytes: u64) -> Option<Reservation> {
+        let total = self.inner.total;
+        let prev = self
+            .inner
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(bytes).filter(|n| *n <= total))
+            .ok()?;
+        self.inner.peak.fetch_max(prev + bytes, Ordering::AcqRel);
+        Some(Reservation { inner: self.inner.clone(), bytes })
+    }
+
+    pub fn total(&self) -> u64 {
+        self.inner.total
+    }
+
+    pub fn in_use(&self) -> u64 {
+        self.inner.used.load(Ordering::Acquire)
+    }
+
+    /// Highest `in_use` ever seen.
+    pub fn peak(&self) -> u64 {
+        self.inner.peak.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.inner.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_fit_and_release() {
+        let b = ReadBudget::new(10);
+        let r1 = b.try_reserve(6).unwrap();
+        assert!(b.try_reserve(5).is_none());
+        let r2 = b.try_reserve(4).unwrap();
+        assert_eq!(b.in_use(), 10);
+        drop(r1);
+        assert_eq!(b.in_use(), 4);
+        drop(r2);
+        assert_eq!(b.in_use(), 0);
+        assert_eq!(b.peak(), 10);
+    }
+}

@@ -1,0 +1,11 @@
+//! Reading objects: sequential read-ahead with parallel ranged GETs, inside a global budget.
+//!
+//! One HTTP stream from GCS is slow; many ranged GETs in parallel are fast. Each open handle
+//! gets a [`prefetch::Reader`] that detects sequential access and keeps several parts of the
+//! object in flight ahead of the reader, drawing memory from the mount's [`budget::ReadBudget`].
+
+pub mod budget;
+pub mod prefetch;
+
+pub use budget::ReadBudget;
+pub use prefetch::{PrefetchConfig, Reader};

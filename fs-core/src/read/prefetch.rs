@@ -1,0 +1,394 @@
+//! Per-handle read-ahead: sequential detection, a growing window of parallel parts, in-order
+//! delivery, and an end-to-end CRC32C check.
+//!
+//! A *part* is one ranged GET of the object. While the reader moves forward, the window (bytes
+//! requested ahead of it) starts small, so a program that reads only a file's header pays for
+//! little, and doubles each time the reader finishes a part, up to `part_size × concurrency`.
+//! Parts are fetched concurrently and handed out strictly in offset order.
+//!
+//! A read inside the window is served from memory, including short hops forward and slightly
+//! out-of-order kernel requests. Any other seek drops the window; reads then fetch only what is
+//! asked (rounded to [`PrefetchConfig::align`]) until the reader is seen moving forward again.
+//!
+//! Every GET is pinned to the generation the handle opened, so a replaced object can never be
+//! mixed with its successor: reads of a vanished generation fail with `Stale`. When the window
+//! has covered the whole object in order, the CRC32C of the bytes is compared with the object's.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::task::JoinHandle;
+
+use super::budget::{ReadBudget, Reservation};
+use crate::error::{FsError, FsResult};
+use crate::store::{read_range, ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
+
+/// Tuning of one reader.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefetchConfig {
+    /// Largest part (one ranged GET).
+    pub part_size: u64,
+    /// Most parts in flight at once.
+    pub concurrency: usize,
+    /// First window size after sequential access is detected.
+    pub initial_window: u64,
+    /// Random reads are widened to this alignment.
+    pub align: u64,
+    /// How far behind the newest read a request may land and still count as sequential: the
+    /// kernel issues read-ahead requests concurrently, so they can arrive slightly out of order.
+    pub slack: u64,
+}
+
+impl PrefetchConfig {
+    pub fn new(part_size: u64, concurrency: usize) -> Self {
+        let part_size = part_size.max(64 * 1024);
+        PrefetchConfig {
+            part_size,
+            concurrency: concurrency.max(1),
+            initial_window: (1024 * 1024).min(part_size),
+            align: 64 * 1024,
+            slack: 4 * 1024 * 1024,
+        }
+    }
+
+    fn max_window(&self) -> u64 {
+        self.part_size * self.concurrency as u64
+    }
+}
+
+enum PartState {
+    Pending(JoinHandle<StoreResult<Bytes>>),
+    Ready(Bytes),
+}
+
+struct Part {
+    start: u64,
+    end: u64,
+    state: PartState,
+    /// Budget held for this part, released when it is dropped.
+    _reservation: Reservation,
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        if let PartState::Pending(h) = &self.state {
+            h.abort();
+        }
+    }
+}
+
+/// What a reader has done; for tests, benchmarks and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderStats {
+    pub parts: u64,
+    pub demand_fetches: u64,
+    pub window_resets: u64,
+    pub crc_verified: bool,
+}
+
+/// Reads one generation of one object for one open handle.
+pub struct Reader<S: ObjectStore> {
+    store: Arc<S>,
+    key: Arc<str>,
+    generation: i64,
+    size: u64,
+    object_crc: Option<u32>,
+    budget: ReadBudget,
+    cfg: PrefetchConfig,
+    /// Contiguous parts, ascending, ending at `next_fetch`.
+    parts: VecDeque<Part>,
+    next_fetch: u64,
+    window: u64,
+    /// End of the furthest read served so far.
+    high_water: Option<u64>,
+    /// Consecutive forward reads seen while not prefetching.
+    streak: u32,
+    /// End of the last part whose completion grew the window.
+    grown_to: u64,
+    /// Running CRC32C over bytes `0..next` fetched by the window, in order.
+    crc: Option<(u64, u32)>,
+    /// The last demand-fetched block, for repeated small reads.
+    block: Option<(u64, Bytes)>,
+    stats: ReaderStats,
+}
+
+impl<S: ObjectStore> Reader<S> {
+    pub fn new(store: Arc<S>, meta: &ObjectMeta, budget: ReadBudget, cfg: PrefetchConfig) -> Self {
+        Reader {
+            store,
+            key: Arc::from(meta.key.as_str()),
+            generation: meta.generation,
+            size: meta.size,
+            object_crc: meta.crc32c,
+            budget,
+            cfg,
+            parts: VecDeque::new(),
+            next_fetch: 0,
+            window: cfg.initial_window,
+            high_water: None,
+            streak: 0,
+            grown_to: 0,
+            crc: None,
+            block: None,
+            stats: ReaderStats::default(),
+        }
+    }
+
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+
+    pub fn stats(&self) -> ReaderStats {
+        self.stats
+    }
+
+    /// Bytes this reader holds in parts, reserved or not.
+    pub fn held_bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.end - p.start).sum()
+    }
+
+    /// Reads up to `len` bytes at `offset`; fewer only at the end of the object.
+    pub async fn read(&mut self, offset: u64, len: u32) -> FsResult<Bytes> {
+        if offset >= self.size || len == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = (offset + u64::from(len)).min(self.size);
+        let window_start = self.parts.front().map(|p| p.start);
+        let in_window = matches!(window_start, Some(s) if offset >= s && offset <= self.next_fetch);
+        let result = if in_window {
+            self.read_window(offset, end).await
+        } else if window_start.is_some_and(|s| offset < s && offset + self.cfg.slack >= s) {
+            // A late, out-of-order request just behind the window: serve it without disturbing
+            // the window.
+            self.read_demand(offset, end).await
+        } else if self.looks_sequential(offset) {
+            self.reset_window(offset);
+            self.read_window(offset, end).await
+        } else {
+            self.drop_window();
+            self.read_demand(offset, end).await
+        };
+        if result.is_ok() {
+            self.high_water = Some(self.high_water.map_or(end, |h| h.max(end)));
+        }
+        result
+    }
+
+    fn looks_sequential(&mut self, offset: u64) -> bool {
+        match self.high_water {
+            None if offset <= self.cfg.slack => true,
+            Some(h) if offset <= h && offset + self.cfg.slack >= h => true,
+            Some(h) if offset == h => {
+                self.streak += 1;
+                self.streak >= 2
+            }
+            _ => {
+                self.streak = 0;
+                false
+            }
+        }
+    }
+
+    fn drop_window(&mut self) {
+        if !self.parts.is_empty() {
+            self.stats.window_resets += 1;
+        }
+        self.parts.clear();
+        self.crc = None;
+        self.window = self.cfg.initial_window;
+    }
+
+    fn reset_window(&mut self, offset: u64) {
+        self.drop_window();
+        let start = offset - offset % self.cfg.align;
+        self.next_fetch = start;
+        self.grown_to = start;
+        self.streak = 0;
+        self.crc = (start == 0).then_some((0, 0));
+    }
+
+    /// Starts parts until the window is full, the concurrency limit is reached, or the budget
+    /// refuses. Returns false if a part covering bytes before `needed` did not fit the budget.
+    fn top_up(&mut self, reader_at: u64, needed: u64) -> bool {
+        while self.next_fetch < self.size {
+            let ahead = self.next_fetch.saturating_sub(reader_at);
+            let must = self.next_fetch < needed;
+            let in_flight = self.parts.iter().filter(|p| matches!(p.state, PartState::Pending(_))).count();
+            if !must && (ahead >= self.window || in_flight >= self.cfg.concurrency) {
+                break;
+            }
+            let len = self.cfg.part_size.min(self.window).min(self.size - self.next_fetch);
+            match self.budget.try_reserve(len) {
+                Some(r) => self.spawn_part(self.next_fetch, self.next_fetch + len, r),
+                None if must => return false,
+                None => break,
+            }
+        }
+        true
+    }
+
+    fn spawn_part(&mut self, start: u64, end: u64, reservation: Reservation) {
+        let store = self.store.clone();
+        let key = self.key.clone();
+        let generation = self.generation;
+        let handle = tokio::spawn(async move { read_range(store.as_ref(), &key, generation, start..end).await });
+        self.parts.push_back(Part { start, end, state: PartState::Pending(handle), _reservation: reservation });
+        self.next_fetch = end;
+        self.stats.parts += 1;
+    }
+
+    async fn read_window(&mut self, offset: u64, end: u64) -> FsResult<Bytes> {
+        // Forget parts the reader has moved well past.
+        while let Some(p) = self.parts.front() {
+            if p.end + self.cfg.slack > offset || p.end >= end {
+                break;
+            }
+            if self.crc.is_some_and(|(next, _)| next < p.end) {
+                self.crc = None; // skipped bytes were never checked
+            }
+            self.parts.pop_front();
+        }
+        // Each part the reader finishes doubles the window, up to its maximum.
+        for p in &self.parts {
+            if p.end <= end && p.end > self.grown_to {
+                self.grown_to = p.end;
+                self.window = (self.window * 2).min(self.cfg.max_window());
+            }
+        }
+        if !self.top_up(offset, end) {
+            // Over budget: give this handle's memory back and fetch only what was asked. The
+            // next forward read tries to build a window again.
+            self.drop_window();
+            return self.read_demand(offset, end).await;
+        }
+
+        let mut out: Option<BytesMut> = None;
+        let mut single: Option<Bytes> = None;
+        for i in 0..self.parts.len() {
+            let (start, stop) = (self.parts[i].start, self.parts[i].end);
+            if stop <= offset || start >= end {
+                continue;
+            }
+            let data = match self.ready(i).await {
+                Ok(d) => d,
+                Err(e) => {
+                    self.drop_window();
+                    return Err(self.map_err(e));
+                }
+            };
+            let from = (offset.max(start) - start) as usize;
+            let to = (end.min(stop) - start) as usize;
+            let piece = data.slice(from..to);
+            if single.is_none() && out.is_none() && end <= stop {
+                single = Some(piece);
+            } else {
+                let buf = out.get_or_insert_with(|| BytesMut::with_capacity((end - offset) as usize));
+                if let Some(s) = single.take() {
+                    buf.extend_from_slice(&s);
+                }
+                buf.extend_from_slice(&piece);
+            }
+        }
+        self.fold_crc()?;
+        // Keep the pipe full now that the reader has advanced.
+        self.top_up(end, end);
+        let data = match (single, out) {
+            (Some(s), _) => s,
+            (None, Some(b)) => b.freeze(),
+            (None, None) => Bytes::new(),
+        };
+        if (data.len() as u64) != end - offset {
+            return Err(FsError::Io(format!("read of {} returned {} of {} bytes", self.key, data.len(), end - offset)));
+        }
+        Ok(data)
+    }
+
+    /// Waits for part `i` and returns its bytes.
+    async fn ready(&mut self, i: usize) -> StoreResult<Bytes> {
+        let part = &mut self.parts[i];
+        if let PartState::Pending(h) = &mut part.state {
+            let bytes = match h.await {
+                Ok(r) => r?,
+                Err(e) => return Err(StoreError::new(StoreErrorKind::Other, format!("part task failed: {e}"))),
+            };
+            part.state = PartState::Ready(bytes);
+        }
+        match &part.state {
+            PartState::Ready(b) => Ok(b.clone()),
+            PartState::Pending(_) => Err(StoreError::new(StoreErrorKind::Other, "part not ready")),
+        }
+    }
+
+    /// Folds finished parts into the running CRC, in offset order, and checks the whole-object
+    /// CRC once the window has covered the object from its first byte to its last.
+    fn fold_crc(&mut self) -> FsResult<()> {
+        let Some((mut next, mut crc)) = self.crc else { return Ok(()) };
+        for p in &self.parts {
+            if p.end <= next {
+                continue;
+            }
+            match (&p.state, p.start == next) {
+                (PartState::Ready(b), true) => {
+                    crc = crc32c::crc32c_append(crc, b);
+                    next = p.end;
+                }
+                _ => break,
+            }
+        }
+        self.crc = Some((next, crc));
+        if next == self.size {
+            self.crc = None;
+            if let Some(want) = self.object_crc {
+                if want != crc {
+                    tracing::error!(
+                        key = %self.key,
+                        generation = self.generation,
+                        expected = format!("{want:08x}"),
+                        actual = format!("{crc:08x}"),
+                        "CRC32C mismatch: the bytes read do not match the object"
+                    );
+                    self.drop_window();
+                    return Err(FsError::Corrupt(format!("{} generation {}", self.key, self.generation)));
+                }
+                self.stats.crc_verified = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetches exactly what is asked, widened to the alignment; no read-ahead.
+    async fn read_demand(&mut self, offset: u64, end: u64) -> FsResult<Bytes> {
+        if let Some((start, b)) = &self.block {
+            if offset >= *start && end <= start + b.len() as u64 {
+                return Ok(b.slice((offset - start) as usize..(end - start) as usize));
+            }
+        }
+        let start = offset - offset % self.cfg.align;
+        let stop = round_up(end, self.cfg.align).min(self.size);
+        self.stats.demand_fetches += 1;
+        let data = read_range(self.store.as_ref(), &self.key, self.generation, start..stop)
+            .await
+            .map_err(|e| self.map_err(e))?;
+        let out = data.slice((offset - start) as usize..(end - start) as usize);
+        self.block = Some((start, data));
+        Ok(out)
+    }
+
+    fn map_err(&self, e: StoreError) -> FsError {
+        if e.kind == StoreErrorKind::NotFound {
+            tracing::warn!(key = %self.key, generation = self.generation, "generation vanished while open: the object was replaced or deleted");
+            FsError::Stale
+        } else {
+            tracing::error!(key = %self.key, error = %e, "read failed");
+            e.into()
+        }
+    }
+}
+
+fn round_up(n: u64, align: u64) -> u64 {
+    n.div_ceil(align) * align
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,301 @@
+//! The bucket: the only layer that talks to object storage.
+//!
+//! [`ObjectStore`] names the operations the filesystem needs from GCS and nothing more, so the
+//! core can be driven by [`MemoryStore`](memory::MemoryStore) in unit tests and by
+//! [`GcsStore`](gcs::GcsStore) in production. Keys here are full object names; this layer knows
+//! nothing about inodes, handles or mount prefixes.
+//!
+//! Errors are classified once, into [`StoreErrorKind`], so retry policy ([`retry`]) and the
+//! errno mapping ([`crate::error`]) never look at HTTP status codes.
+
+pub mod gcs;
+pub mod memory;
+pub mod retry;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::pin::Pin;
+use std::time::SystemTime;
+
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+
+/// Metadata key that gsutil and rclone use for a file's modification time (seconds since epoch).
+pub const MTIME_KEY: &str = "goog-reserved-file-mtime";
+
+/// What the filesystem needs to know about one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub key: String,
+    pub generation: i64,
+    pub metageneration: i64,
+    pub size: u64,
+    /// CRC32C of the whole object, if the store reported one.
+    pub crc32c: Option<u32>,
+    pub updated: SystemTime,
+    pub content_type: Option<String>,
+    pub metadata: HashMap<String, String>,
+}
+
+impl ObjectMeta {
+    /// The modification time users see: `goog-reserved-file-mtime` when present and valid,
+    /// otherwise the object's update time.
+    pub fn mtime(&self) -> SystemTime {
+        self.metadata
+            .get(MTIME_KEY)
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|s| *s >= 0)
+            .map(|s| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s as u64))
+            .unwrap_or(self.updated)
+    }
+}
+
+/// One page of a delimited listing.
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ObjectMeta>,
+    /// Common prefixes ("sub-directories"), each ending in the delimiter.
+    pub prefixes: Vec<String>,
+    pub next_page_token: Option<String>,
+}
+
+/// A listing request.
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    pub prefix: String,
+    pub delimiter: Option<String>,
+    pub page_token: Option<String>,
+    pub max_results: Option<u32>,
+}
+
+/// A GCS generation precondition on a write or delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// No precondition: last writer wins.
+    None,
+    /// `ifGenerationMatch=0`: only if no live object has this name.
+    DoesNotExist,
+    /// `ifGenerationMatch=G`: only if the live object is generation G.
+    GenerationMatch(i64),
+}
+
+impl Precondition {
+    pub fn if_generation_match(self) -> Option<i64> {
+        match self {
+            Precondition::None => None,
+            Precondition::DoesNotExist => Some(0),
+            Precondition::GenerationMatch(g) => Some(g),
+        }
+    }
+}
+
+/// Properties for a new object.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    pub content_type: Option<String>,
+    pub metadata: HashMap<String, String>,
+    /// CRC32C of the payload; the store rejects the write if the bytes do not match.
+    pub crc32c: Option<u32>,
+}
+
+/// A resumable upload session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumableSession {
+    pub key: String,
+    pub url: String,
+}
+
+/// Result of sending one resumable chunk.
+#[derive(Debug, Clone)]
+pub enum ChunkOutcome {
+    /// The store has persisted bytes `0..persisted`; send the rest.
+    Incomplete { persisted: u64 },
+    /// The upload finished and created this object.
+    Done(ObjectMeta),
+}
+
+/// The classes every store error falls into. Retry and errno decisions use only these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    NotFound,
+    PreconditionFailed,
+    /// HTTP 429.
+    Throttled,
+    /// HTTP 408, 5xx, connection resets and timeouts.
+    Transient,
+    PermissionDenied,
+    InvalidArgument,
+    Other,
+}
+
+/// A classified store error with a human-readable message (never containing secrets).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct StoreError {
+    pub kind: StoreErrorKind,
+    pub message: String,
+}
+
+impl StoreError {
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError { kind, message: message.into() }
+    }
+
+    pub fn not_found(key: &str) -> Self {
+        Self::new(StoreErrorKind::NotFound, format!("no such object: {key}"))
+    }
+
+    /// Classifies an HTTP status code.
+    pub fn from_status(status: u16, message: impl Into<String>) -> Self {
+        let kind = match status {
+            404 => StoreErrorKind::NotFound,
+            412 => StoreErrorKind::PreconditionFailed,
+            429 => StoreErrorKind::Throttled,
+            408 | 500..=599 => StoreErrorKind::Transient,
+            401 | 403 => StoreErrorKind::PermissionDenied,
+            400 | 411 | 413 | 416 => StoreErrorKind::InvalidArgument,
+            _ => StoreErrorKind::Other,
+        };
+        Self::new(kind, message)
+    }
+
+    /// Whether a retry can succeed where this attempt failed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Throttled | StoreErrorKind::Transient)
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A stream of object bytes.
+pub type ByteStream = Pin<Box<dyn Stream<Item = StoreResult<Bytes>> + Send>>;
+
+/// The bucket operations the filesystem is built on.
+///
+/// Implementations retry transient failures themselves (see [`retry`]); callers see only final
+/// outcomes. Every generation-pinned call fails with `NotFound` once that generation is gone.
+#[async_trait::async_trait]
+pub trait ObjectStore: Send + Sync + 'static {
+    /// Metadata of the live object `key`.
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta>;
+
+    /// One page of objects and prefixes under `req.prefix`.
+    async fn list(&self, req: &ListRequest) -> StoreResult<ListPage>;
+
+    /// Bytes `range` of generation `generation` of `key`, as a stream.
+    async fn get_range(&self, key: &str, generation: i64, range: Range<u64>) -> StoreResult<ByteStream>;
+
+    /// Writes a whole object in one request.
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta>;
+
+    /// Opens a resumable upload session for `key`.
+    async fn start_resumable(
+        &self,
+        key: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ResumableSession>;
+
+    /// Sends bytes starting at `offset` of a resumable upload. All chunks but the last must be
+    /// a multiple of 256 KiB; `total` is given with the last chunk.
+    async fn upload_chunk(
+        &self,
+        session: &ResumableSession,
+        offset: u64,
+        data: Bytes,
+        total: Option<u64>,
+    ) -> StoreResult<ChunkOutcome>;
+
+    /// Concatenates 1 to 32 `sources` (key, generation) into `dest`.
+    async fn compose(
+        &self,
+        sources: &[(String, i64)],
+        dest: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta>;
+
+    /// Server-side copy of generation `src_generation` of `src` to `dest`.
+    async fn copy(
+        &self,
+        src: &str,
+        src_generation: i64,
+        dest: &str,
+        pre: Precondition,
+    ) -> StoreResult<ObjectMeta>;
+
+    /// Deletes `key`, subject to `pre`.
+    async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()>;
+}
+
+/// Reads a whole range into memory, retrying the complete range on transient failures (a
+/// stream that breaks half-way is retried from its start, never stitched).
+pub async fn read_range<S: ObjectStore + ?Sized>(
+    store: &S,
+    key: &str,
+    generation: i64,
+    range: Range<u64>,
+) -> StoreResult<Bytes> {
+    let want = range.end.saturating_sub(range.start);
+    retry::with_retry(retry::RetryPolicy::default(), "read_range", key, || {
+        let range = range.clone();
+        async move {
+            let mut stream = store.get_range(key, generation, range).await?;
+            let mut buf = BytesMut::with_capacity(want as usize);
+            while let Some(chunk) = stream.next().await {
+                buf.extend_from_slice(&chunk?);
+            }
+            if buf.len() as u64 != want {
+                return Err(StoreError::new(
+                    StoreErrorKind::Transient,
+                    format!("short read of {key}: wanted {want} bytes, got {}", buf.len()),
+                ));
+            }
+            Ok(buf.freeze())
+        }
+    })
+    .await
+}
+
+/// Parses the base64 big-endian CRC32C that GCS reports.
+pub fn decode_crc32c(b64: &str) -> Option<u32> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    let arr: [u8; 4] = bytes.as_slice().try_into().ok()?;
+    Some(u32::from_be_bytes(arr))
+}
+
+/// Encodes a CRC32C the way GCS reports it.
+pub fn encode_crc32c(crc: u32) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_codec_matches_gcs() {
+        // GCS reports "yZRlqg==" for the bytes "hello world".
+        assert_eq!(decode_crc32c("yZRlqg=="), Some(crc32c::crc32c(b"hello world")));
+        assert_eq!(encode_crc32c(crc32c::crc32c(b"hello world")), "yZRlqg==");
+        assert_eq!(decode_crc32c("!!"), None);
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(StoreError::from_status(404, "").kind, StoreErrorKind::NotFound);
+        assert_eq!(StoreError::from_status(412, "").kind, StoreErrorKind::PreconditionFailed);
+        assert!(StoreError::from_status(429, "").is_retryable());
+        assert!(StoreError::from_status(503, "").is_retryable());
+        assert!(StoreError::from_status(408, "").is_retryable());
+        assert!(!StoreError::from_status(403, "").is_retryable());
+    }
+}

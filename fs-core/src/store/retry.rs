@@ -1,0 +1,128 @@
+//! Retrying throttled and transient bucket failures with exponential backoff and full jitter.
+//!
+//! GCS asks clients to back off exponentially on 408, 429 and 5xx. Retries are bounded both in
+//! count and in total time, so a dead endpoint turns into an error instead of a hang, and each
+//! retry is logged at `warn` so users can see why an operation is slow.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use super::StoreResult;
+
+/// How hard to retry.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// No new attempt starts after this much time since the first.
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 8,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+            max_elapsed: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The upper bound of the sleep before attempt `attempt + 1` (attempt counts from 1).
+    fn backoff_cap(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+    }
+}
+
+/// Runs `op` until it succeeds, fails permanently, or the policy is exhausted.
+pub async fn with_retry<T, F, Fut>(policy: RetryPolicy, what: &str, key: &str, mut op: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = StoreResult<T>>,
+{
+    let start = Instant::now();
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() && attempt < policy.max_attempts => {
+                let cap = policy.backoff_cap(attempt);
+                let sleep = rand::thread_rng().gen_range(Duration::ZERO..=cap);
+                if start.elapsed() + sleep > policy.max_elapsed {
+                    tracing::warn!(op = what, key, attempt, error = %e, "giving up: retry time exhausted");
+                    return Err(e);
+                }
+                tracing::warn!(op = what, key, attempt, backoff_ms = sleep.as_millis() as u64, error = %e, "retrying");
+                tokio::time::sleep(sleep).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{StoreError, StoreErrorKind};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn fast() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(2),
+            max_elapsed: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn retries_transient_then_succeeds() {
+        let calls = AtomicU32::new(0);
+        let r = with_retry(fast(), "t", "k", || async {
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(StoreError::new(StoreErrorKind::Throttled, "429"))
+            } else {
+                Ok(7)
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn bounded_attempts_and_no_retry_of_permanent() {
+        let calls = AtomicU32::new(0);
+        let r: StoreResult<()> = with_retry(fast(), "t", "k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(StoreError::new(StoreErrorKind::Transient, "503"))
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+
+        let calls = AtomicU32::new(0);
+        let r: StoreResult<()> = with_retry(fast(), "t", "k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(StoreError::new(StoreErrorKind::NotFound, "404"))
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.backoff_cap(1), Duration::from_millis(100));
+        assert_eq!(p.backoff_cap(3), Duration::from_millis(400));
+        assert_eq!(p.backoff_cap(40), Duration::from_secs(10));
+    }
+}
