@@ -55,7 +55,11 @@ impl MountConfig {
     /// Sets the mounted prefix, normalising it to end in `/` (or be empty).
     pub fn with_prefix(mut self, prefix: &str) -> Self {
         let p = prefix.trim_matches('/');
-        self.prefix = if p.is_empty() { String::new() } else { format!("{p}/") };
+        self.prefix = if p.is_empty() {
+            String::new()
+        } else {
+            format!("{p}/")
+        };
         self
     }
 }
@@ -68,7 +72,9 @@ pub fn parse_bucket_spec(spec: &str) -> Result<(String, String), String> {
         None => (rest, ""),
     };
     if bucket.len() < 3 || bucket.len() > 222 {
-        return Err(format!("invalid bucket name {bucket:?}: must be 3 to 222 characters"));
+        return Err(format!(
+            "invalid bucket name {bucket:?}: must be 3 to 222 characters"
+        ));
     }
     let ok = bucket
         .chars()
@@ -81,18 +87,65 @@ pub fn parse_bucket_spec(spec: &str) -> Result<(String, String), String> {
     Ok((bucket.to_string(), prefix.trim_matches('/').to_string()))
 }
 
+/// Parses a byte size such as `8MiB`, `512K`, `1G` or `1048576`. Suffixes are binary.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected a number like 8MiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Parses an octal permission mode such as `644` or `0755`.
+pub fn parse_mode(s: &str) -> Result<u16, String> {
+    u16::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("invalid mode {s:?}: expected octal such as 644"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn sizes_and_modes() {
+        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
+        assert_eq!(parse_size("512k").unwrap(), 512 << 10);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("42").unwrap(), 42);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("1X").is_err());
+        assert_eq!(parse_mode("644").unwrap(), 0o644);
+        assert_eq!(parse_mode("0755").unwrap(), 0o755);
+        assert!(parse_mode("999").is_err());
+    }
+
+    #[test]
     fn bucket_specs() {
-        assert_eq!(parse_bucket_spec("my-bucket").unwrap(), ("my-bucket".into(), "".into()));
+        assert_eq!(
+            parse_bucket_spec("my-bucket").unwrap(),
+            ("my-bucket".into(), "".into())
+        );
         assert_eq!(
             parse_bucket_spec("gs://my-bucket/a/b/").unwrap(),
             ("my-bucket".into(), "a/b".into())
         );
-        assert_eq!(parse_bucket_spec("bkt/x").unwrap(), ("bkt".into(), "x".into()));
+        assert_eq!(
+            parse_bucket_spec("bkt/x").unwrap(),
+            ("bkt".into(), "x".into())
+        );
         assert!(parse_bucket_spec("ab").is_err());
         assert!(parse_bucket_spec("Upper").is_err());
     }

@@ -63,20 +63,20 @@ impl FsError {
     /// The Windows `NTSTATUS` for this error, used by the WinFsp adapter.
     pub fn ntstatus(&self) -> u32 {
         match self {
-            FsError::NotFound => 0xC000_0034,         // STATUS_OBJECT_NAME_NOT_FOUND
-            FsError::Exists => 0xC000_0035,           // STATUS_OBJECT_NAME_COLLISION
-            FsError::NotDir => 0xC000_0103,           // STATUS_NOT_A_DIRECTORY
-            FsError::IsDir => 0xC000_00BA,            // STATUS_FILE_IS_A_DIRECTORY
-            FsError::NotEmpty => 0xC000_0101,         // STATUS_DIRECTORY_NOT_EMPTY
-            FsError::ReadOnly => 0xC000_00A2,         // STATUS_MEDIA_WRITE_PROTECTED
-            FsError::Stale => 0xC000_0128,            // STATUS_FILE_CLOSED
-            FsError::InvalidName(_) => 0xC000_0033,   // STATUS_OBJECT_NAME_INVALID
+            FsError::NotFound => 0xC000_0034, // STATUS_OBJECT_NAME_NOT_FOUND
+            FsError::Exists => 0xC000_0035,   // STATUS_OBJECT_NAME_COLLISION
+            FsError::NotDir => 0xC000_0103,   // STATUS_NOT_A_DIRECTORY
+            FsError::IsDir => 0xC000_00BA,    // STATUS_FILE_IS_A_DIRECTORY
+            FsError::NotEmpty => 0xC000_0101, // STATUS_DIRECTORY_NOT_EMPTY
+            FsError::ReadOnly => 0xC000_00A2, // STATUS_MEDIA_WRITE_PROTECTED
+            FsError::Stale => 0xC000_0128,    // STATUS_FILE_CLOSED
+            FsError::InvalidName(_) => 0xC000_0033, // STATUS_OBJECT_NAME_INVALID
             FsError::PermissionDenied(_) => 0xC000_0022, // STATUS_ACCESS_DENIED
-            FsError::BadHandle => 0xC000_0008,        // STATUS_INVALID_HANDLE
-            FsError::Corrupt(_) => 0xC000_003E,       // STATUS_DATA_ERROR
-            FsError::Busy(_) => 0xC000_00B5,          // STATUS_IO_TIMEOUT
-            FsError::Unsupported => 0xC000_00BB,      // STATUS_NOT_SUPPORTED
-            FsError::Io(_) => 0xC000_0185,            // STATUS_IO_DEVICE_ERROR
+            FsError::BadHandle => 0xC000_0008, // STATUS_INVALID_HANDLE
+            FsError::Corrupt(_) => 0xC000_003E, // STATUS_DATA_ERROR
+            FsError::Busy(_) => 0xC000_00B5,  // STATUS_IO_TIMEOUT
+            FsError::Unsupported => 0xC000_00BB, // STATUS_NOT_SUPPORTED
+            FsError::Io(_) => 0xC000_0185,    // STATUS_IO_DEVICE_ERROR
         }
     }
 }

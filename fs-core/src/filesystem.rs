@@ -96,14 +96,30 @@ impl<S: ObjectStore> Filesystem<S> {
             return Err(FsError::ReadOnly);
         }
         let (meta, keep_cache) = self.ns.open_file(ino).await?;
-        let reader = Reader::new(self.ns.store().clone(), &meta, self.budget.clone(), self.prefetch);
+        let reader = Reader::new(
+            self.ns.store().clone(),
+            &meta,
+            self.budget.clone(),
+            self.prefetch,
+        );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().insert(fh, Arc::new(OpenFile { ino, reader: tokio::sync::Mutex::new(reader) }));
+        self.files.lock().insert(
+            fh,
+            Arc::new(OpenFile {
+                ino,
+                reader: tokio::sync::Mutex::new(reader),
+            }),
+        );
         Ok(Opened { fh, keep_cache })
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
-        let file = self.files.lock().get(&fh).cloned().ok_or(FsError::BadHandle)?;
+        let file = self
+            .files
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)?;
         let result = file.reader.lock().await.read(offset, size).await;
         if matches!(result, Err(FsError::Stale)) {
             self.ns.invalidate(file.ino);
@@ -118,14 +134,21 @@ impl<S: ObjectStore> Filesystem<S> {
     pub fn opendir(&self, ino: Ino) -> FsResult<u64> {
         let stream = self.ns.open_dir(ino)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
+        self.dirs
+            .lock()
+            .insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
         Ok(fh)
     }
 
     /// Entries after `offset`. With `plus`, the caller must call [`Self::remember`] for each
     /// entry it hands to the kernel (other than `.` and `..`).
     pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<DirEntry>> {
-        let stream = self.dirs.lock().get(&fh).cloned().ok_or(FsError::BadHandle)?;
+        let stream = self
+            .dirs
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)?;
         let mut stream = stream.lock().await;
         self.ns.read_dir(&mut stream, offset).await
     }

@@ -1,1 +1,103 @@
-fn main(){}
+//! `bucketdrive`: mount a Google Cloud Storage bucket with FUSE.
+
+mod daemon;
+mod fuse;
+mod mount;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fs_core::config::{parse_mode, parse_size};
+
+#[derive(Parser)]
+#[command(
+    name = "bucketdrive",
+    version,
+    about = "Mount a Google Cloud Storage bucket as a drive"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount BUCKET[/PREFIX] (or gs://BUCKET/PREFIX) on MOUNTPOINT.
+    Mount(MountArgs),
+    /// Unmount a bucketdrive mount.
+    Unmount { mountpoint: PathBuf },
+}
+
+/// Options of `bucketdrive mount`.
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// BUCKET, BUCKET/PREFIX or gs://BUCKET/PREFIX.
+    pub bucket: String,
+    /// An existing empty directory.
+    pub mountpoint: PathBuf,
+    /// Stay attached to the terminal instead of detaching once the mount is ready.
+    #[arg(long)]
+    pub foreground: bool,
+    /// JSON API endpoint, e.g. http://127.0.0.1:4443. Default: STORAGE_EMULATOR_HOST if set,
+    /// else https://storage.googleapis.com.
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// Service-account JSON key file, instead of Application Default Credentials.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Send no credentials (public buckets, emulators). Implied by STORAGE_EMULATOR_HOST.
+    #[arg(long)]
+    pub anonymous: bool,
+    /// How long file and directory attributes are cached.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub stat_ttl: Duration,
+    /// How long "no such file" answers are cached.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub negative_ttl: Duration,
+    /// Owner of every file. Default: the user running bucketdrive.
+    #[arg(long)]
+    pub uid: Option<u32>,
+    /// Group of every file. Default: the group running bucketdrive.
+    #[arg(long)]
+    pub gid: Option<u32>,
+    /// Permission bits of files, in octal.
+    #[arg(long, value_parser = parse_mode, default_value = "644")]
+    pub file_mode: u16,
+    /// Permission bits of directories, in octal.
+    #[arg(long, value_parser = parse_mode, default_value = "755")]
+    pub dir_mode: u16,
+    /// Size of one read-ahead part (one ranged GET).
+    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+    pub read_part_size: u64,
+    /// Ranged GETs in flight per file while reading sequentially.
+    #[arg(long, default_value_t = 8)]
+    pub read_concurrency: usize,
+    /// Memory for read-ahead, shared by all open files.
+    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
+    pub max_read_memory: u64,
+    /// Kernel read-ahead for the mount, so sequential reads arrive in 1 MiB requests.
+    #[arg(long, value_parser = parse_size, default_value = "4MiB")]
+    pub kernel_read_ahead: u64,
+    /// Log level (error, warn, info, debug, trace). RUST_LOG overrides it.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Append logs to this file. Default: standard error in the foreground, nowhere when detached.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Mount(args) => mount::run(args),
+        Command::Unmount { mountpoint } => match mount::unmount(&mountpoint) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bucketdrive: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -29,7 +29,10 @@ pub struct MetaCache {
 impl MetaCache {
     pub fn new(capacity: u64, stat_ttl: Duration, negative_ttl: Duration) -> Self {
         MetaCache {
-            stat: Cache::builder().max_capacity(capacity).time_to_live(stat_ttl.max(Duration::from_nanos(1))).build(),
+            stat: Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
+                .build(),
             negative: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(negative_ttl.max(Duration::from_nanos(1)))

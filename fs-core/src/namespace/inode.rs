@@ -50,8 +50,18 @@ impl Default for InodeTable {
 
 impl InodeTable {
     pub fn new() -> Self {
-        let mut t = InodeTable { by_ino: HashMap::new(), by_path: HashMap::new(), next: ROOT_INO + 1 };
-        let root = Inode { path: String::new(), kind: Kind::Dir, lookups: 1, meta: None, last_open_generation: None };
+        let mut t = InodeTable {
+            by_ino: HashMap::new(),
+            by_path: HashMap::new(),
+            next: ROOT_INO + 1,
+        };
+        let root = Inode {
+            path: String::new(),
+            kind: Kind::Dir,
+            lookups: 1,
+            meta: None,
+            last_open_generation: None,
+        };
         t.by_ino.insert(ROOT_INO, root);
         t.by_path.insert(String::new(), ROOT_INO);
         t
@@ -67,7 +77,13 @@ impl InodeTable {
 
     /// The inode for `path` as `kind`, created if needed, with its metadata refreshed. Adds
     /// `add_lookups` to its lookup count.
-    pub fn upsert(&mut self, path: &str, kind: Kind, meta: Option<Arc<ObjectMeta>>, add_lookups: u64) -> Ino {
+    pub fn upsert(
+        &mut self,
+        path: &str,
+        kind: Kind,
+        meta: Option<Arc<ObjectMeta>>,
+        add_lookups: u64,
+    ) -> Ino {
         if let Some(&ino) = self.by_path.get(path) {
             if let Some(inode) = self.by_ino.get_mut(&ino) {
                 if inode.kind == kind {
@@ -85,7 +101,13 @@ impl InodeTable {
         self.next += 1;
         self.by_ino.insert(
             ino,
-            Inode { path: path.to_string(), kind, lookups: add_lookups, meta, last_open_generation: None },
+            Inode {
+                path: path.to_string(),
+                kind,
+                lookups: add_lookups,
+                meta,
+                last_open_generation: None,
+            },
         );
         self.by_path.insert(path.to_string(), ino);
         ino
@@ -103,7 +125,9 @@ impl InodeTable {
         if ino == ROOT_INO {
             return;
         }
-        let Some(inode) = self.by_ino.get_mut(&ino) else { return };
+        let Some(inode) = self.by_ino.get_mut(&ino) else {
+            return;
+        };
         inode.lookups = inode.lookups.saturating_sub(n);
         if inode.lookups == 0 {
             let path = inode.path.clone();

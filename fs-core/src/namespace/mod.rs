@@ -23,8 +23,8 @@ use crate::config::MountConfig;
 use crate::error::{FsError, FsResult};
 use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreErrorKind};
 use cache::{Entry, MetaCache};
-pub use inode::{Ino, Kind, ROOT_INO};
 use inode::InodeTable;
+pub use inode::{Ino, Kind, ROOT_INO};
 use readdir::{Listed, Listing};
 
 /// Attributes of a file or directory, platform-neutral.
@@ -94,7 +94,10 @@ impl<S: ObjectStore> Namespace<S> {
     fn note_shadowed(&self, key: &str) {
         if !self.shadow_logged.contains_key(key) {
             self.shadow_logged.insert(key.to_string(), ());
-            tracing::warn!(key, "object is hidden by a directory of the same name; the directory wins");
+            tracing::warn!(
+                key,
+                "object is hidden by a directory of the same name; the directory wins"
+            );
         }
     }
 
@@ -226,7 +229,9 @@ impl<S: ObjectStore> Namespace<S> {
         if kind == Kind::Dir {
             return Err(FsError::IsDir);
         }
-        let Entry::File(meta) = self.resolve(&path).await? else { return Err(FsError::IsDir) };
+        let Entry::File(meta) = self.resolve(&path).await? else {
+            return Err(FsError::IsDir);
+        };
         let mut t = self.inodes.lock();
         let inode = t.get_mut(ino).ok_or(FsError::NotFound)?;
         let keep_cache = inode.last_open_generation == Some(meta.generation);
@@ -272,7 +277,12 @@ impl<S: ObjectStore> Namespace<S> {
             self.fill(stream).await?;
             stream.buffer.retain(|e| e.offset > offset);
         }
-        Ok(stream.buffer.iter().take(MAX_ENTRIES_PER_CALL).cloned().collect())
+        Ok(stream
+            .buffer
+            .iter()
+            .take(MAX_ENTRIES_PER_CALL)
+            .cloned()
+            .collect())
     }
 
     async fn fill(&self, stream: &mut DirStream) -> FsResult<()> {
@@ -285,7 +295,10 @@ impl<S: ObjectStore> Namespace<S> {
             stream.push("..".into(), dotdot);
             return Ok(());
         }
-        let children = stream.listing.next_page(self.store.as_ref(), &|k| self.note_shadowed(k)).await?;
+        let children = stream
+            .listing
+            .next_page(self.store.as_ref(), &|k| self.note_shadowed(k))
+            .await?;
         for child in children {
             let (name, entry) = match child {
                 Listed::Dir(n) => (n, Entry::Dir),
@@ -343,7 +356,11 @@ impl DirStream {
     }
 
     fn restart(&mut self) {
-        *self = DirStream::new(self.ino, std::mem::take(&mut self.path), std::mem::take(&mut self.prefix));
+        *self = DirStream::new(
+            self.ino,
+            std::mem::take(&mut self.path),
+            std::mem::take(&mut self.prefix),
+        );
     }
 
     fn finished(&self) -> bool {
@@ -351,7 +368,11 @@ impl DirStream {
     }
 
     fn push(&mut self, name: String, attr: Attr) {
-        self.buffer.push_back(DirEntry { offset: self.next_offset, name, attr });
+        self.buffer.push_back(DirEntry {
+            offset: self.next_offset,
+            name,
+            attr,
+        });
         self.next_offset += 1;
     }
 }

@@ -56,7 +56,7 @@ mod tests {
         assert_eq!(check_component("a/b"), Err(BadName::Slash));
         assert_eq!(check_component(&"x".repeat(256)), Err(BadName::TooLong));
         assert_eq!(check_component(&"x".repeat(255)), Ok(()));
-        assert_eq!(check_component("...") , Ok(()));
+        assert_eq!(check_component("..."), Ok(()));
     }
 
     #[test]

@@ -39,7 +39,14 @@ pub struct Listing {
 impl Listing {
     /// A listing of the objects under `prefix` (empty, or ending in `/`).
     pub fn new(prefix: String) -> Self {
-        Listing { prefix, token: None, done: false, carry: Vec::new(), warned_bad: false, page_size: PAGE_SIZE }
+        Listing {
+            prefix,
+            token: None,
+            done: false,
+            carry: Vec::new(),
+            warned_bad: false,
+            page_size: PAGE_SIZE,
+        }
     }
 
     /// Uses smaller pages; for tests of pagination.
@@ -57,7 +64,7 @@ impl Listing {
     pub async fn next_page<S: ObjectStore + ?Sized>(
         &mut self,
         store: &S,
-        on_shadowed: &dyn Fn(&str),
+        on_shadowed: &(dyn Fn(&str) + Sync),
     ) -> StoreResult<Vec<Listed>> {
         if self.done {
             return Ok(Vec::new());
@@ -90,9 +97,13 @@ impl Listing {
         let mut out = Vec::with_capacity(page.objects.len() + page.prefixes.len());
         let mut carry = Vec::new();
         let mut bad = 0usize;
-        let files = std::mem::take(&mut self.carry).into_iter().chain(page.objects.iter().cloned());
+        let files = std::mem::take(&mut self.carry)
+            .into_iter()
+            .chain(page.objects.iter().cloned());
         for obj in files {
-            let Some(name) = obj.key.strip_prefix(&self.prefix) else { continue };
+            let Some(name) = obj.key.strip_prefix(&self.prefix) else {
+                continue;
+            };
             if name.is_empty() {
                 continue; // the directory's own marker object
             }
@@ -142,13 +153,21 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use parking_lot::Mutex;
 
-    async fn list_all(store: &MemoryStore, prefix: &str, page: u32) -> (Vec<String>, Vec<String>, Vec<String>) {
+    async fn list_all(
+        store: &MemoryStore,
+        prefix: &str,
+        page: u32,
+    ) -> (Vec<String>, Vec<String>, Vec<String>) {
         let mut l = Listing::new(prefix.into()).with_page_size(page);
         let shadowed = Mutex::new(Vec::new());
         let mut files = Vec::new();
         let mut dirs = Vec::new();
         while !l.is_done() {
-            for e in l.next_page(store, &|k| shadowed.lock().push(k.to_string())).await.unwrap() {
+            for e in l
+                .next_page(store, &|k| shadowed.lock().push(k.to_string()))
+                .await
+                .unwrap()
+            {
                 match e {
                     Listed::Dir(n) => dirs.push(n),
                     Listed::File(n, _) => files.push(n),

@@ -48,7 +48,10 @@ async fn implicit_and_marker_directories_resolve() {
     let c = fs.lookup(b.ino, "c.txt").await.unwrap();
     assert_eq!((c.kind, c.size), (Kind::File, 5));
     assert_eq!(fs.lookup(ROOT_INO, "m").await.unwrap().kind, Kind::Dir);
-    assert_eq!(fs.lookup(ROOT_INO, "nope").await.unwrap_err(), FsError::NotFound);
+    assert_eq!(
+        fs.lookup(ROOT_INO, "nope").await.unwrap_err(),
+        FsError::NotFound
+    );
     assert_eq!(fs.lookup(c.ino, "x").await.unwrap_err(), FsError::NotDir);
 }
 
@@ -60,14 +63,21 @@ async fn negative_and_stat_caches_spare_the_bucket() {
     assert!(fs.lookup(ROOT_INO, "desktop.ini").await.is_err());
     let after_first = store.counts.total();
     for _ in 0..10 {
-        assert_eq!(fs.lookup(ROOT_INO, "desktop.ini").await.unwrap_err(), FsError::NotFound);
+        assert_eq!(
+            fs.lookup(ROOT_INO, "desktop.ini").await.unwrap_err(),
+            FsError::NotFound
+        );
     }
     fs.lookup(ROOT_INO, "f").await.unwrap();
     let after_f = store.counts.total();
     for _ in 0..10 {
         fs.lookup(ROOT_INO, "f").await.unwrap();
     }
-    assert_eq!(store.counts.total(), after_f, "repeated lookups are served from the caches");
+    assert_eq!(
+        store.counts.total(),
+        after_f,
+        "repeated lookups are served from the caches"
+    );
     assert!(after_first > 0);
 }
 
@@ -94,10 +104,13 @@ async fn readdir_pages_and_resumes_at_any_offset() {
     let all = list(&fs, big.ino, 37).await;
     assert_eq!(all.len(), 2601);
     assert!(all.iter().any(|(n, k, _)| n == "sub" && *k == Kind::Dir));
-    assert!(all.iter().filter(|(n, _, _)| n.starts_with('f')).all(|(n, _, size)| {
-        let i: usize = n[1..].parse().unwrap();
-        *size == (i % 7) as u64
-    }));
+    assert!(all
+        .iter()
+        .filter(|(n, _, _)| n.starts_with('f'))
+        .all(|(n, _, size)| {
+            let i: usize = n[1..].parse().unwrap();
+            *size == (i % 7) as u64
+        }));
     // readdirplus filled the stat cache: looking up every entry costs nothing.
     let before = store.counts.total();
     for (name, _, _) in all.iter().take(500) {
@@ -141,7 +154,10 @@ async fn replaced_object_is_seen_after_ttl_and_never_mixed() {
     let attr = fs.getattr(f.ino).await.unwrap();
     assert_eq!(attr.size, 50);
     let h2 = fs.open(f.ino, false).await.unwrap();
-    assert!(!h2.keep_cache, "a new generation must drop the kernel's cached pages");
+    assert!(
+        !h2.keep_cache,
+        "a new generation must drop the kernel's cached pages"
+    );
     assert_eq!(fs.read(h2.fh, 0, 100).await.unwrap()[..], [2u8; 50]);
     let h3 = fs.open(f.ino, false).await.unwrap();
     assert!(h3.keep_cache, "same generation keeps the page cache");

@@ -31,7 +31,13 @@ pub struct Reservation {
 
 impl ReadBudget {
     pub fn new(total: u64) -> Self {
-        ReadBudget { inner: Arc::new(Inner { total, used: AtomicU64::new(0), peak: AtomicU64::new(0) }) }
+        ReadBudget {
+            inner: Arc::new(Inner {
+                total,
+                used: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Reserves `bytes` if they fit now.
@@ -40,10 +46,15 @@ impl ReadBudget {
         let prev = self
             .inner
             .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(bytes).filter(|n| *n <= total))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|n| *n <= total)
+            })
             .ok()?;
         self.inner.peak.fetch_max(prev + bytes, Ordering::AcqRel);
-        Some(Reservation { inner: self.inner.clone(), bytes })
+        Some(Reservation {
+            inner: self.inner.clone(),
+            bytes,
+        })
     }
 
     pub fn total(&self) -> u64 {

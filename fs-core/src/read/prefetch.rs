@@ -214,11 +214,19 @@ impl<S: ObjectStore> Reader<S> {
         while self.next_fetch < self.size {
             let ahead = self.next_fetch.saturating_sub(reader_at);
             let must = self.next_fetch < needed;
-            let in_flight = self.parts.iter().filter(|p| matches!(p.state, PartState::Pending(_))).count();
+            let in_flight = self
+                .parts
+                .iter()
+                .filter(|p| matches!(p.state, PartState::Pending(_)))
+                .count();
             if !must && (ahead >= self.window || in_flight >= self.cfg.concurrency) {
                 break;
             }
-            let len = self.cfg.part_size.min(self.window).min(self.size - self.next_fetch);
+            let len = self
+                .cfg
+                .part_size
+                .min(self.window)
+                .min(self.size - self.next_fetch);
             match self.budget.try_reserve(len) {
                 Some(r) => self.spawn_part(self.next_fetch, self.next_fetch + len, r),
                 None if must => return false,
@@ -232,8 +240,16 @@ impl<S: ObjectStore> Reader<S> {
         let store = self.store.clone();
         let key = self.key.clone();
         let generation = self.generation;
-        let handle = tokio::spawn(async move { read_range(store.as_ref(), &key, generation, start..end).await });
-        self.parts.push_back(Part { start, end, state: PartState::Pending(handle), _reservation: reservation });
+        let handle =
+            tokio::spawn(
+                async move { read_range(store.as_ref(), &key, generation, start..end).await },
+            );
+        self.parts.push_back(Part {
+            start,
+            end,
+            state: PartState::Pending(handle),
+            _reservation: reservation,
+        });
         self.next_fetch = end;
         self.stats.parts += 1;
     }
@@ -283,7 +299,8 @@ impl<S: ObjectStore> Reader<S> {
             if single.is_none() && out.is_none() && end <= stop {
                 single = Some(piece);
             } else {
-                let buf = out.get_or_insert_with(|| BytesMut::with_capacity((end - offset) as usize));
+                let buf =
+                    out.get_or_insert_with(|| BytesMut::with_capacity((end - offset) as usize));
                 if let Some(s) = single.take() {
                     buf.extend_from_slice(&s);
                 }
@@ -299,7 +316,12 @@ impl<S: ObjectStore> Reader<S> {
             (None, None) => Bytes::new(),
         };
         if (data.len() as u64) != end - offset {
-            return Err(FsError::Io(format!("read of {} returned {} of {} bytes", self.key, data.len(), end - offset)));
+            return Err(FsError::Io(format!(
+                "read of {} returned {} of {} bytes",
+                self.key,
+                data.len(),
+                end - offset
+            )));
         }
         Ok(data)
     }
@@ -310,7 +332,12 @@ impl<S: ObjectStore> Reader<S> {
         if let PartState::Pending(h) = &mut part.state {
             let bytes = match h.await {
                 Ok(r) => r?,
-                Err(e) => return Err(StoreError::new(StoreErrorKind::Other, format!("part task failed: {e}"))),
+                Err(e) => {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Other,
+                        format!("part task failed: {e}"),
+                    ))
+                }
             };
             part.state = PartState::Ready(bytes);
         }
@@ -323,7 +350,9 @@ impl<S: ObjectStore> Reader<S> {
     /// Folds finished parts into the running CRC, in offset order, and checks the whole-object
     /// CRC once the window has covered the object from its first byte to its last.
     fn fold_crc(&mut self) -> FsResult<()> {
-        let Some((mut next, mut crc)) = self.crc else { return Ok(()) };
+        let Some((mut next, mut crc)) = self.crc else {
+            return Ok(());
+        };
         for p in &self.parts {
             if p.end <= next {
                 continue;
@@ -349,7 +378,10 @@ impl<S: ObjectStore> Reader<S> {
                         "CRC32C mismatch: the bytes read do not match the object"
                     );
                     self.drop_window();
-                    return Err(FsError::Corrupt(format!("{} generation {}", self.key, self.generation)));
+                    return Err(FsError::Corrupt(format!(
+                        "{} generation {}",
+                        self.key, self.generation
+                    )));
                 }
                 self.stats.crc_verified = true;
             }

@@ -31,8 +31,9 @@ use tracing::Instrument;
 
 use super::retry::{with_retry, RetryPolicy};
 use super::{
-    decode_crc32c, encode_crc32c, ByteStream, ChunkOutcome, ListPage, ListRequest, ObjectMeta, ObjectStore,
-    Precondition, ResumableSession, StoreError, StoreErrorKind, StoreResult, WriteOptions,
+    decode_crc32c, encode_crc32c, ByteStream, ChunkOutcome, ListPage, ListRequest, ObjectMeta,
+    ObjectStore, Precondition, ResumableSession, StoreError, StoreErrorKind, StoreResult,
+    WriteOptions,
 };
 
 /// How the client proves who it is.
@@ -62,20 +63,33 @@ impl GcsOptions {
     /// Resolves endpoint and credentials the standard way: an explicit endpoint wins, then
     /// `STORAGE_EMULATOR_HOST` (which implies anonymous access), then the public endpoint.
     pub fn resolve(endpoint: Option<String>, key_file: Option<PathBuf>, anonymous: bool) -> Self {
-        let emulator = std::env::var("STORAGE_EMULATOR_HOST").ok().filter(|s| !s.is_empty());
+        let emulator = std::env::var("STORAGE_EMULATOR_HOST")
+            .ok()
+            .filter(|s| !s.is_empty());
         let endpoint_given = endpoint.is_some();
         let endpoint = endpoint
             .or_else(|| emulator.clone())
-            .map(|e| if e.contains("://") { e } else { format!("http://{e}") })
+            .map(|e| {
+                if e.contains("://") {
+                    e
+                } else {
+                    format!("http://{e}")
+                }
+            })
             .unwrap_or_else(|| Self::DEFAULT_ENDPOINT.to_string());
-        let credentials = if anonymous || (emulator.is_some() && !endpoint_given && key_file.is_none()) {
-            Credentials::Anonymous
-        } else if let Some(k) = key_file {
-            Credentials::KeyFile(k)
-        } else {
-            Credentials::ApplicationDefault
-        };
-        GcsOptions { endpoint: endpoint.trim_end_matches('/').to_string(), credentials, retry: RetryPolicy::default() }
+        let credentials =
+            if anonymous || (emulator.is_some() && !endpoint_given && key_file.is_none()) {
+                Credentials::Anonymous
+            } else if let Some(k) = key_file {
+                Credentials::KeyFile(k)
+            } else {
+                Credentials::ApplicationDefault
+            };
+        GcsOptions {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            credentials,
+            retry: RetryPolicy::default(),
+        }
     }
 }
 
@@ -94,14 +108,19 @@ impl GcsStore {
             .read_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
             .build()
-            .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("building HTTP client: {e}")))?;
+            .map_err(|e| {
+                StoreError::new(StoreErrorKind::Other, format!("building HTTP client: {e}"))
+            })?;
         let base = ClientConfig {
             storage_endpoint: opts.endpoint.clone(),
             http: Some(reqwest_middleware::ClientBuilder::new(http).build()),
             ..Default::default()
         };
         let auth_err = |e: gcloud_storage::client::google_cloud_auth::error::Error| {
-            StoreError::new(StoreErrorKind::PermissionDenied, format!("credentials: {e}"))
+            StoreError::new(
+                StoreErrorKind::PermissionDenied,
+                format!("credentials: {e}"),
+            )
         };
         let config = match &opts.credentials {
             Credentials::Anonymous => base.anonymous(),
@@ -120,12 +139,19 @@ impl GcsStore {
                 base.with_credentials(file).await.map_err(auth_err)?
             }
         };
-        Ok(GcsStore { client: Client::new(config), bucket: bucket.to_string(), retry: opts.retry })
+        Ok(GcsStore {
+            client: Client::new(config),
+            bucket: bucket.to_string(),
+            retry: opts.retry,
+        })
     }
 
     /// Proves the bucket exists and the credentials may list it, with a one-line reason if not.
     pub async fn check_access(&self) -> Result<(), String> {
-        let req = ListRequest { max_results: Some(1), ..Default::default() };
+        let req = ListRequest {
+            max_results: Some(1),
+            ..Default::default()
+        };
         match self.list(&req).await {
             Ok(_) => Ok(()),
             Err(e) => Err(match e.kind {
@@ -172,7 +198,11 @@ impl GcsStore {
             name: key.to_string(),
             bucket: self.bucket.clone(),
             content_type: opts.content_type.clone(),
-            metadata: if opts.metadata.is_empty() { None } else { Some(opts.metadata.clone()) },
+            metadata: if opts.metadata.is_empty() {
+                None
+            } else {
+                Some(opts.metadata.clone())
+            },
             crc32c: opts.crc32c.map(encode_crc32c),
             ..Default::default()
         }
@@ -185,13 +215,20 @@ fn classify(e: GcsError) -> StoreError {
         GcsError::Response(r) => StoreError::from_status(r.code, r.message),
         GcsError::HttpClient(e) | GcsError::RawResponse(e, _) => match e.status() {
             Some(s) => StoreError::from_status(s.as_u16(), e.to_string()),
-            None if e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() || e.is_decode() => {
+            None if e.is_timeout()
+                || e.is_connect()
+                || e.is_request()
+                || e.is_body()
+                || e.is_decode() =>
+            {
                 StoreError::new(StoreErrorKind::Transient, e.to_string())
             }
             None => StoreError::new(StoreErrorKind::Other, e.to_string()),
         },
         GcsError::HttpMiddleware(e) => StoreError::new(StoreErrorKind::Transient, e.to_string()),
-        GcsError::TokenSource(e) => StoreError::new(StoreErrorKind::PermissionDenied, format!("token: {e}")),
+        GcsError::TokenSource(e) => {
+            StoreError::new(StoreErrorKind::PermissionDenied, format!("token: {e}"))
+        }
         GcsError::InvalidRangeHeader(s) => StoreError::new(StoreErrorKind::InvalidArgument, s),
     }
 }
@@ -199,7 +236,10 @@ fn classify(e: GcsError) -> StoreError {
 fn to_meta(o: Object) -> ObjectMeta {
     ObjectMeta {
         crc32c: o.crc32c.as_deref().and_then(decode_crc32c),
-        updated: o.updated.map(SystemTime::from).unwrap_or(SystemTime::UNIX_EPOCH),
+        updated: o
+            .updated
+            .map(SystemTime::from)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
         size: o.size.max(0) as u64,
         generation: o.generation,
         metageneration: o.metageneration,
@@ -212,9 +252,19 @@ fn to_meta(o: Object) -> ObjectMeta {
 #[async_trait::async_trait]
 impl ObjectStore for GcsStore {
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
-        let req = GetObjectRequest { bucket: self.bucket.clone(), object: key.to_string(), ..Default::default() };
-        self.call("head", key, || async { self.client.get_object(&req).await.map(to_meta).map_err(classify) })
-            .await
+        let req = GetObjectRequest {
+            bucket: self.bucket.clone(),
+            object: key.to_string(),
+            ..Default::default()
+        };
+        self.call("head", key, || async {
+            self.client
+                .get_object(&req)
+                .await
+                .map(to_meta)
+                .map_err(classify)
+        })
+        .await
     }
 
     async fn list(&self, req: &ListRequest) -> StoreResult<ListPage> {
@@ -229,7 +279,12 @@ impl ObjectStore for GcsStore {
         self.call("list", &req.prefix, || async {
             let resp = self.client.list_objects(&r).await.map_err(classify)?;
             Ok(ListPage {
-                objects: resp.items.unwrap_or_default().into_iter().map(to_meta).collect(),
+                objects: resp
+                    .items
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(to_meta)
+                    .collect(),
                 prefixes: resp.prefixes.unwrap_or_default(),
                 next_page_token: resp.next_page_token.filter(|t| !t.is_empty()),
             })
@@ -237,7 +292,12 @@ impl ObjectStore for GcsStore {
         .await
     }
 
-    async fn get_range(&self, key: &str, generation: i64, range: Range<u64>) -> StoreResult<ByteStream> {
+    async fn get_range(
+        &self,
+        key: &str,
+        generation: i64,
+        range: Range<u64>,
+    ) -> StoreResult<ByteStream> {
         if range.start >= range.end {
             return Ok(Box::pin(futures::stream::empty()));
         }
@@ -259,21 +319,43 @@ impl ObjectStore for GcsStore {
         .await
     }
 
-    async fn put(&self, key: &str, data: Bytes, pre: Precondition, opts: &WriteOptions) -> StoreResult<ObjectMeta> {
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
         let req = self.upload_request(pre);
         let upload_type = UploadType::Multipart(Box::new(self.object_resource(key, opts)));
         self.call("put", key, || async {
-            self.client.upload_object(&req, data.clone(), &upload_type).await.map(to_meta).map_err(classify)
+            self.client
+                .upload_object(&req, data.clone(), &upload_type)
+                .await
+                .map(to_meta)
+                .map_err(classify)
         })
         .await
     }
 
-    async fn start_resumable(&self, key: &str, pre: Precondition, opts: &WriteOptions) -> StoreResult<ResumableSession> {
+    async fn start_resumable(
+        &self,
+        key: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ResumableSession> {
         let req = self.upload_request(pre);
         let upload_type = UploadType::Multipart(Box::new(self.object_resource(key, opts)));
         self.call("start_resumable", key, || async {
-            let client = self.client.prepare_resumable_upload(&req, &upload_type).await.map_err(classify)?;
-            Ok(ResumableSession { key: key.to_string(), url: client.url().to_string() })
+            let client = self
+                .client
+                .prepare_resumable_upload(&req, &upload_type)
+                .await
+                .map_err(classify)?;
+            Ok(ResumableSession {
+                key: key.to_string(),
+                url: client.url().to_string(),
+            })
         })
         .await
     }
@@ -291,13 +373,19 @@ impl ObjectStore for GcsStore {
             let status = if len == 0 {
                 up.status(total).await
             } else {
-                up.upload_multiple_chunk(data.clone(), &ChunkSize::new(offset, offset + len - 1, total)).await
+                up.upload_multiple_chunk(
+                    data.clone(),
+                    &ChunkSize::new(offset, offset + len - 1, total),
+                )
+                .await
             }
             .map_err(classify)?;
             Ok(match status {
                 UploadStatus::Ok(o) => ChunkOutcome::Done(to_meta(o)),
                 UploadStatus::NotStarted => ChunkOutcome::Incomplete { persisted: 0 },
-                UploadStatus::ResumeIncomplete(r) => ChunkOutcome::Incomplete { persisted: r.last_byte + 1 },
+                UploadStatus::ResumeIncomplete(r) => ChunkOutcome::Incomplete {
+                    persisted: r.last_byte + 1,
+                },
             })
         })
         .await
@@ -315,7 +403,13 @@ impl ObjectStore for GcsStore {
             destination_object: dest.to_string(),
             if_generation_match: pre.if_generation_match(),
             composing_targets: ComposingTargets {
-                destination: Some(self.object_resource(dest, &WriteOptions { crc32c: None, ..opts.clone() })),
+                destination: Some(self.object_resource(
+                    dest,
+                    &WriteOptions {
+                        crc32c: None,
+                        ..opts.clone()
+                    },
+                )),
                 source_objects: sources
                     .iter()
                     .map(|(name, generation)| SourceObjects {
@@ -327,11 +421,23 @@ impl ObjectStore for GcsStore {
             },
             ..Default::default()
         };
-        self.call("compose", dest, || async { self.client.compose_object(&req).await.map(to_meta).map_err(classify) })
-            .await
+        self.call("compose", dest, || async {
+            self.client
+                .compose_object(&req)
+                .await
+                .map(to_meta)
+                .map_err(classify)
+        })
+        .await
     }
 
-    async fn copy(&self, src: &str, src_generation: i64, dest: &str, pre: Precondition) -> StoreResult<ObjectMeta> {
+    async fn copy(
+        &self,
+        src: &str,
+        src_generation: i64,
+        dest: &str,
+        pre: Precondition,
+    ) -> StoreResult<ObjectMeta> {
         let req = CopyObjectRequest {
             source_bucket: self.bucket.clone(),
             source_object: src.to_string(),
@@ -341,8 +447,14 @@ impl ObjectStore for GcsStore {
             if_source_generation_match: Some(src_generation),
             ..Default::default()
         };
-        self.call("copy", dest, || async { self.client.copy_object(&req).await.map(to_meta).map_err(classify) })
-            .await
+        self.call("copy", dest, || async {
+            self.client
+                .copy_object(&req)
+                .await
+                .map(to_meta)
+                .map_err(classify)
+        })
+        .await
     }
 
     async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
@@ -352,10 +464,12 @@ impl ObjectStore for GcsStore {
             if_generation_match: pre.if_generation_match(),
             ..Default::default()
         };
-        self.call("delete", key, || async { self.client.delete_object(&req).await.map_err(classify) }).await
+        self.call("delete", key, || async {
+            self.client.delete_object(&req).await.map_err(classify)
+        })
+        .await
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -69,13 +69,21 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     pub fn new() -> Self {
-        MemoryStore { next_generation: AtomicI64::new(1_000), ..Default::default() }
+        MemoryStore {
+            next_generation: AtomicI64::new(1_000),
+            ..Default::default()
+        }
     }
 
     /// Writes an object unconditionally; a test convenience.
     pub fn insert(&self, key: &str, data: impl Into<Bytes>) -> ObjectMeta {
-        self.commit(key, data.into(), Precondition::None, &WriteOptions::default())
-            .expect("an unconditional write cannot fail")
+        self.commit(
+            key,
+            data.into(),
+            Precondition::None,
+            &WriteOptions::default(),
+        )
+        .expect("an unconditional write cannot fail")
     }
 
     /// Makes the next `n` requests fail with a transient error.
@@ -99,7 +107,10 @@ impl MemoryStore {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if took {
-            Err(StoreError::new(StoreErrorKind::Transient, "injected transient failure"))
+            Err(StoreError::new(
+                StoreErrorKind::Transient,
+                "injected transient failure",
+            ))
         } else {
             Ok(())
         }
@@ -122,14 +133,26 @@ impl MemoryStore {
         }
     }
 
-    fn commit(&self, key: &str, data: Bytes, pre: Precondition, opts: &WriteOptions) -> StoreResult<ObjectMeta> {
+    fn commit(
+        &self,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
         if key.is_empty() || key.len() > 1024 {
-            return Err(StoreError::new(StoreErrorKind::InvalidArgument, "invalid object name"));
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidArgument,
+                "invalid object name",
+            ));
         }
         let crc = crc32c::crc32c(&data);
         if let Some(want) = opts.crc32c {
             if want != crc {
-                return Err(StoreError::new(StoreErrorKind::InvalidArgument, "crc32c mismatch"));
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidArgument,
+                    "crc32c mismatch",
+                ));
             }
         }
         let mut objects = self.objects.lock();
@@ -144,7 +167,13 @@ impl MemoryStore {
             content_type: opts.content_type.clone(),
             metadata: opts.metadata.clone(),
         };
-        objects.insert(key.to_string(), Stored { meta: meta.clone(), data });
+        objects.insert(
+            key.to_string(),
+            Stored {
+                meta: meta.clone(),
+                data,
+            },
+        );
         Ok(meta)
     }
 }
@@ -154,7 +183,11 @@ impl ObjectStore for MemoryStore {
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.counts.head.fetch_add(1, Ordering::SeqCst);
         self.injected_failure()?;
-        self.objects.lock().get(key).map(|s| s.meta.clone()).ok_or_else(|| StoreError::not_found(key))
+        self.objects
+            .lock()
+            .get(key)
+            .map(|s| s.meta.clone())
+            .ok_or_else(|| StoreError::not_found(key))
     }
 
     async fn list(&self, req: &ListRequest) -> StoreResult<ListPage> {
@@ -175,10 +208,10 @@ impl ObjectStore for MemoryStore {
                 continue;
             }
             let rest = &key[req.prefix.len()..];
-            let rolled = req
-                .delimiter
-                .as_deref()
-                .and_then(|d| rest.find(d).map(|i| format!("{}{}", req.prefix, &rest[..i + d.len()])));
+            let rolled = req.delimiter.as_deref().and_then(|d| {
+                rest.find(d)
+                    .map(|i| format!("{}{}", req.prefix, &rest[..i + d.len()]))
+            });
             if let Some(p) = &rolled {
                 // A token naming a prefix means "after every key under it".
                 if req.page_token.as_deref() == Some(p.as_str()) {
@@ -207,7 +240,12 @@ impl ObjectStore for MemoryStore {
         Ok(page)
     }
 
-    async fn get_range(&self, key: &str, generation: i64, range: Range<u64>) -> StoreResult<ByteStream> {
+    async fn get_range(
+        &self,
+        key: &str,
+        generation: i64,
+        range: Range<u64>,
+    ) -> StoreResult<ByteStream> {
         self.counts.get.fetch_add(1, Ordering::SeqCst);
         self.injected_failure()?;
         let objects = self.objects.lock();
@@ -217,9 +255,14 @@ impl ObjectStore for MemoryStore {
             .ok_or_else(|| StoreError::not_found(key))?;
         let len = stored.data.len() as u64;
         if range.start > range.end || (range.start >= len && len > 0) {
-            return Err(StoreError::new(StoreErrorKind::InvalidArgument, "range not satisfiable"));
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidArgument,
+                "range not satisfiable",
+            ));
         }
-        let data = stored.data.slice(range.start as usize..range.end.min(len) as usize);
+        let data = stored
+            .data
+            .slice(range.start as usize..range.end.min(len) as usize);
         // Deliver in several pieces, as a network stream would.
         let pieces: Vec<StoreResult<Bytes>> = (0..data.len())
             .step_by(64 * 1024)
@@ -228,21 +271,43 @@ impl ObjectStore for MemoryStore {
         Ok(Box::pin(futures::stream::iter(pieces)))
     }
 
-    async fn put(&self, key: &str, data: Bytes, pre: Precondition, opts: &WriteOptions) -> StoreResult<ObjectMeta> {
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         self.injected_failure()?;
         self.commit(key, data, pre, opts)
     }
 
-    async fn start_resumable(&self, key: &str, pre: Precondition, opts: &WriteOptions) -> StoreResult<ResumableSession> {
+    async fn start_resumable(
+        &self,
+        key: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ResumableSession> {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         self.injected_failure()?;
-        let url = format!("memory://upload/{}", self.next_generation.fetch_add(1, Ordering::SeqCst));
+        let url = format!(
+            "memory://upload/{}",
+            self.next_generation.fetch_add(1, Ordering::SeqCst)
+        );
         self.uploads.lock().insert(
             url.clone(),
-            Upload { key: key.to_string(), pre, opts: opts.clone(), data: Vec::new() },
+            Upload {
+                key: key.to_string(),
+                pre,
+                opts: opts.clone(),
+                data: Vec::new(),
+            },
         );
-        Ok(ResumableSession { key: key.to_string(), url })
+        Ok(ResumableSession {
+            key: key.to_string(),
+            url,
+        })
     }
 
     async fn upload_chunk(
@@ -259,10 +324,15 @@ impl ObjectStore for MemoryStore {
             .get_mut(&session.url)
             .ok_or_else(|| StoreError::new(StoreErrorKind::NotFound, "no such upload session"))?;
         if offset != up.data.len() as u64 {
-            return Ok(ChunkOutcome::Incomplete { persisted: up.data.len() as u64 });
+            return Ok(ChunkOutcome::Incomplete {
+                persisted: up.data.len() as u64,
+            });
         }
         if total.is_none() && data.len() % (256 * 1024) != 0 {
-            return Err(StoreError::new(StoreErrorKind::InvalidArgument, "chunk not a multiple of 256 KiB"));
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidArgument,
+                "chunk not a multiple of 256 KiB",
+            ));
         }
         up.data.extend_from_slice(&data);
         match total {
@@ -271,10 +341,16 @@ impl ObjectStore for MemoryStore {
                     return Err(StoreError::new(StoreErrorKind::Other, "upload vanished"));
                 };
                 drop(uploads);
-                self.commit(&up.key, Bytes::from(up.data), up.pre, &up.opts).map(ChunkOutcome::Done)
+                self.commit(&up.key, Bytes::from(up.data), up.pre, &up.opts)
+                    .map(ChunkOutcome::Done)
             }
-            Some(_) => Err(StoreError::new(StoreErrorKind::InvalidArgument, "size does not match total")),
-            None => Ok(ChunkOutcome::Incomplete { persisted: up.data.len() as u64 }),
+            Some(_) => Err(StoreError::new(
+                StoreErrorKind::InvalidArgument,
+                "size does not match total",
+            )),
+            None => Ok(ChunkOutcome::Incomplete {
+                persisted: up.data.len() as u64,
+            }),
         }
     }
 
@@ -288,7 +364,10 @@ impl ObjectStore for MemoryStore {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         self.injected_failure()?;
         if sources.is_empty() || sources.len() > 32 {
-            return Err(StoreError::new(StoreErrorKind::InvalidArgument, "compose takes 1 to 32 sources"));
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidArgument,
+                "compose takes 1 to 32 sources",
+            ));
         }
         let mut data = Vec::new();
         {
@@ -301,11 +380,20 @@ impl ObjectStore for MemoryStore {
                 data.extend_from_slice(&s.data);
             }
         }
-        let opts = WriteOptions { crc32c: None, ..opts.clone() };
+        let opts = WriteOptions {
+            crc32c: None,
+            ..opts.clone()
+        };
         self.commit(dest, Bytes::from(data), pre, &opts)
     }
 
-    async fn copy(&self, src: &str, src_generation: i64, dest: &str, pre: Precondition) -> StoreResult<ObjectMeta> {
+    async fn copy(
+        &self,
+        src: &str,
+        src_generation: i64,
+        dest: &str,
+        pre: Precondition,
+    ) -> StoreResult<ObjectMeta> {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         self.injected_failure()?;
         let s = self
@@ -342,26 +430,75 @@ mod tests {
     use crate::store::read_range;
 
     fn names(p: &ListPage) -> (Vec<String>, Vec<String>) {
-        (p.objects.iter().map(|o| o.key.clone()).collect(), p.prefixes.clone())
+        (
+            p.objects.iter().map(|o| o.key.clone()).collect(),
+            p.prefixes.clone(),
+        )
     }
 
     #[tokio::test]
     async fn preconditions_follow_gcs() {
         let s = MemoryStore::new();
         let opts = WriteOptions::default();
-        let a = s.put("a", Bytes::from_static(b"1"), Precondition::DoesNotExist, &opts).await.unwrap();
-        let e = s.put("a", Bytes::from_static(b"2"), Precondition::DoesNotExist, &opts).await.unwrap_err();
+        let a = s
+            .put(
+                "a",
+                Bytes::from_static(b"1"),
+                Precondition::DoesNotExist,
+                &opts,
+            )
+            .await
+            .unwrap();
+        let e = s
+            .put(
+                "a",
+                Bytes::from_static(b"2"),
+                Precondition::DoesNotExist,
+                &opts,
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.kind, StoreErrorKind::PreconditionFailed);
-        let e = s.put("a", Bytes::from_static(b"2"), Precondition::GenerationMatch(a.generation + 1), &opts).await;
+        let e = s
+            .put(
+                "a",
+                Bytes::from_static(b"2"),
+                Precondition::GenerationMatch(a.generation + 1),
+                &opts,
+            )
+            .await;
         assert_eq!(e.unwrap_err().kind, StoreErrorKind::PreconditionFailed);
-        let b = s.put("a", Bytes::from_static(b"2"), Precondition::GenerationMatch(a.generation), &opts).await.unwrap();
+        let b = s
+            .put(
+                "a",
+                Bytes::from_static(b"2"),
+                Precondition::GenerationMatch(a.generation),
+                &opts,
+            )
+            .await
+            .unwrap();
         assert!(b.generation > a.generation);
         // The old generation is gone, as in a bucket without versioning.
-        assert_eq!(s.get_range("a", a.generation, 0..1).await.err().unwrap().kind, StoreErrorKind::NotFound);
-        assert_eq!(read_range(&s, "a", b.generation, 0..1).await.unwrap(), Bytes::from_static(b"2"));
-        let e = s.delete("a", Precondition::GenerationMatch(a.generation)).await.unwrap_err();
+        assert_eq!(
+            s.get_range("a", a.generation, 0..1)
+                .await
+                .err()
+                .unwrap()
+                .kind,
+            StoreErrorKind::NotFound
+        );
+        assert_eq!(
+            read_range(&s, "a", b.generation, 0..1).await.unwrap(),
+            Bytes::from_static(b"2")
+        );
+        let e = s
+            .delete("a", Precondition::GenerationMatch(a.generation))
+            .await
+            .unwrap_err();
         assert_eq!(e.kind, StoreErrorKind::PreconditionFailed);
-        s.delete("a", Precondition::GenerationMatch(b.generation)).await.unwrap();
+        s.delete("a", Precondition::GenerationMatch(b.generation))
+            .await
+            .unwrap();
         assert!(s.object_bytes("a").is_none());
     }
 
@@ -371,7 +508,12 @@ mod tests {
         for k in ["d/a", "d/b/1", "d/b/2", "d/c", "d/e/x", "d/f", "e"] {
             s.insert(k, "x");
         }
-        let mut req = ListRequest { prefix: "d/".into(), delimiter: Some("/".into()), max_results: Some(2), ..Default::default() };
+        let mut req = ListRequest {
+            prefix: "d/".into(),
+            delimiter: Some("/".into()),
+            max_results: Some(2),
+            ..Default::default()
+        };
         let mut all_objects = Vec::new();
         let mut all_prefixes = Vec::new();
         loop {
@@ -393,24 +535,48 @@ mod tests {
     async fn resumable_and_compose() {
         let s = MemoryStore::new();
         let opts = WriteOptions::default();
-        let sess = s.start_resumable("r", Precondition::DoesNotExist, &opts).await.unwrap();
+        let sess = s
+            .start_resumable("r", Precondition::DoesNotExist, &opts)
+            .await
+            .unwrap();
         let chunk = Bytes::from(vec![7u8; 256 * 1024]);
-        assert!(s.upload_chunk(&sess, 0, Bytes::from_static(b"odd"), None).await.is_err());
+        assert!(s
+            .upload_chunk(&sess, 0, Bytes::from_static(b"odd"), None)
+            .await
+            .is_err());
         let out = s.upload_chunk(&sess, 0, chunk.clone(), None).await.unwrap();
         assert!(matches!(out, ChunkOutcome::Incomplete { persisted } if persisted == 256 * 1024));
-        let out = s.upload_chunk(&sess, 256 * 1024, Bytes::from_static(b"end"), Some(256 * 1024 + 3)).await.unwrap();
-        let ChunkOutcome::Done(meta) = out else { panic!("upload should be done") };
+        let out = s
+            .upload_chunk(
+                &sess,
+                256 * 1024,
+                Bytes::from_static(b"end"),
+                Some(256 * 1024 + 3),
+            )
+            .await
+            .unwrap();
+        let ChunkOutcome::Done(meta) = out else {
+            panic!("upload should be done")
+        };
         assert_eq!(meta.size, 256 * 1024 + 3);
 
         let p1 = s.insert("p1", "ab");
         let p2 = s.insert("p2", "cd");
         let c = s
-            .compose(&[("p1".into(), p1.generation), ("p2".into(), p2.generation)], "c", Precondition::None, &opts)
+            .compose(
+                &[("p1".into(), p1.generation), ("p2".into(), p2.generation)],
+                "c",
+                Precondition::None,
+                &opts,
+            )
             .await
             .unwrap();
         assert_eq!(s.object_bytes("c").unwrap(), Bytes::from_static(b"abcd"));
         assert_eq!(c.crc32c, Some(crc32c::crc32c(b"abcd")));
-        let cp = s.copy("c", c.generation, "c2", Precondition::DoesNotExist).await.unwrap();
+        let cp = s
+            .copy("c", c.generation, "c2", Precondition::DoesNotExist)
+            .await
+            .unwrap();
         assert_eq!(cp.size, 4);
     }
 
@@ -419,7 +585,10 @@ mod tests {
         let s = MemoryStore::new();
         let m = s.insert("k", "hello");
         s.fail_next(2);
-        assert_eq!(read_range(&s, "k", m.generation, 1..4).await.unwrap(), Bytes::from_static(b"ell"));
+        assert_eq!(
+            read_range(&s, "k", m.generation, 1..4).await.unwrap(),
+            Bytes::from_static(b"ell")
+        );
         assert_eq!(s.counts.get.load(Ordering::SeqCst), 3);
     }
 }

@@ -138,7 +138,10 @@ pub struct StoreError {
 
 impl StoreError {
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
-        StoreError { kind, message: message.into() }
+        StoreError {
+            kind,
+            message: message.into(),
+        }
     }
 
     pub fn not_found(key: &str) -> Self {
@@ -161,7 +164,10 @@ impl StoreError {
 
     /// Whether a retry can succeed where this attempt failed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, StoreErrorKind::Throttled | StoreErrorKind::Transient)
+        matches!(
+            self.kind,
+            StoreErrorKind::Throttled | StoreErrorKind::Transient
+        )
     }
 }
 
@@ -183,7 +189,12 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn list(&self, req: &ListRequest) -> StoreResult<ListPage>;
 
     /// Bytes `range` of generation `generation` of `key`, as a stream.
-    async fn get_range(&self, key: &str, generation: i64, range: Range<u64>) -> StoreResult<ByteStream>;
+    async fn get_range(
+        &self,
+        key: &str,
+        generation: i64,
+        range: Range<u64>,
+    ) -> StoreResult<ByteStream>;
 
     /// Writes a whole object in one request.
     async fn put(
@@ -254,7 +265,10 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
             if buf.len() as u64 != want {
                 return Err(StoreError::new(
                     StoreErrorKind::Transient,
-                    format!("short read of {key}: wanted {want} bytes, got {}", buf.len()),
+                    format!(
+                        "short read of {key}: wanted {want} bytes, got {}",
+                        buf.len()
+                    ),
                 ));
             }
             Ok(buf.freeze())
@@ -284,15 +298,24 @@ mod tests {
     #[test]
     fn crc32c_codec_matches_gcs() {
         // GCS reports "yZRlqg==" for the bytes "hello world".
-        assert_eq!(decode_crc32c("yZRlqg=="), Some(crc32c::crc32c(b"hello world")));
+        assert_eq!(
+            decode_crc32c("yZRlqg=="),
+            Some(crc32c::crc32c(b"hello world"))
+        );
         assert_eq!(encode_crc32c(crc32c::crc32c(b"hello world")), "yZRlqg==");
         assert_eq!(decode_crc32c("!!"), None);
     }
 
     #[test]
     fn status_classes() {
-        assert_eq!(StoreError::from_status(404, "").kind, StoreErrorKind::NotFound);
-        assert_eq!(StoreError::from_status(412, "").kind, StoreErrorKind::PreconditionFailed);
+        assert_eq!(
+            StoreError::from_status(404, "").kind,
+            StoreErrorKind::NotFound
+        );
+        assert_eq!(
+            StoreError::from_status(412, "").kind,
+            StoreErrorKind::PreconditionFailed
+        );
         assert!(StoreError::from_status(429, "").is_retryable());
         assert!(StoreError::from_status(503, "").is_retryable());
         assert!(StoreError::from_status(408, "").is_retryable());

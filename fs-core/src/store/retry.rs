@@ -35,13 +35,22 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The upper bound of the sleep before attempt `attempt + 1` (attempt counts from 1).
     fn backoff_cap(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
-        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff)
     }
 }
 
 /// Runs `op` until it succeeds, fails permanently, or the policy is exhausted.
-pub async fn with_retry<T, F, Fut>(policy: RetryPolicy, what: &str, key: &str, mut op: F) -> StoreResult<T>
+pub async fn with_retry<T, F, Fut>(
+    policy: RetryPolicy,
+    what: &str,
+    key: &str,
+    mut op: F,
+) -> StoreResult<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = StoreResult<T>>,

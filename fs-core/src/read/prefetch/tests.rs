@@ -6,14 +6,27 @@ use super::*;
 use crate::store::memory::MemoryStore;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
 }
 
 fn small_cfg() -> PrefetchConfig {
-    PrefetchConfig { part_size: 64 * 1024, concurrency: 4, initial_window: 16 * 1024, align: 4096, slack: 128 * 1024 }
+    PrefetchConfig {
+        part_size: 64 * 1024,
+        concurrency: 4,
+        initial_window: 16 * 1024,
+        align: 4096,
+        slack: 128 * 1024,
+    }
 }
 
-fn reader(store: &Arc<MemoryStore>, key: &str, budget: &ReadBudget, cfg: PrefetchConfig) -> Reader<MemoryStore> {
+fn reader(
+    store: &Arc<MemoryStore>,
+    key: &str,
+    budget: &ReadBudget,
+    cfg: PrefetchConfig,
+) -> Reader<MemoryStore> {
     let meta = futures::executor::block_on(store.head(key)).unwrap();
     Reader::new(store.clone(), &meta, budget.clone(), cfg)
 }
@@ -92,7 +105,10 @@ async fn generation_pinned_read_is_stale_after_replace() {
         match r.read(off, 65536).await {
             Ok(b) if b.is_empty() => panic!("read past a replaced generation succeeded"),
             Ok(b) => {
-                assert_eq!(&b[..], &pattern(300_000, 1)[off as usize..off as usize + b.len()]);
+                assert_eq!(
+                    &b[..],
+                    &pattern(300_000, 1)[off as usize..off as usize + b.len()]
+                );
                 off += b.len() as u64;
             }
             Err(e) => {

@@ -1,0 +1,381 @@
+//! `fuser::Filesystem` over the fs-core facade: translation only.
+//!
+//! Each kernel request becomes one facade call on the core's tokio runtime; the reply object
+//! moves into the task and is answered from there, so a slow bucket request never blocks the
+//! FUSE session loop or other requests. Errors are mapped by `FsError::errno`, never here.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fs_core::store::ObjectStore;
+use fs_core::{Attr, FsError, Kind};
+use fuser::{
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+/// Kernel tuning applied at `init`.
+pub const MAX_BACKGROUND: u16 = 64;
+pub const CONGESTION_THRESHOLD: u16 = 48;
+pub const MAX_WRITE: u32 = 1024 * 1024;
+pub const MAX_READAHEAD: u32 = 1024 * 1024;
+
+/// The FUSE side of one mount.
+pub struct FuseAdapter<S: ObjectStore> {
+    fs: Arc<fs_core::Filesystem<S>>,
+    rt: tokio::runtime::Handle,
+    ttl: Duration,
+}
+
+impl<S: ObjectStore> FuseAdapter<S> {
+    pub fn new(fs: Arc<fs_core::Filesystem<S>>, rt: tokio::runtime::Handle) -> Self {
+        let ttl = fs.config().stat_ttl;
+        FuseAdapter { fs, rt, ttl }
+    }
+}
+
+fn errno(e: &FsError) -> fuser::Errno {
+    fuser::Errno::from_i32(e.errno())
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    let (kind, nlink) = match a.kind {
+        Kind::Dir => (FileType::Directory, 2),
+        Kind::File => (FileType::RegularFile, 1),
+    };
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.mtime,
+        kind,
+        perm: a.perm,
+        nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 1024 * 1024,
+        flags: 0,
+    }
+}
+
+/// Inode numbers are never reused within a mount, so the FUSE generation can stay 0.
+const GENERATION: Generation = Generation(0);
+
+impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(CONGESTION_THRESHOLD);
+        let _ = config.set_max_write(MAX_WRITE);
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
+            let _ = config.set_max_readahead(max);
+        }
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_PARALLEL_DIROPS;
+        if let Err(missing) = config.add_capabilities(wanted) {
+            let _ = config.add_capabilities(wanted & !missing);
+        }
+        tracing::info!("FUSE session initialised");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // Object names are UTF-8; a name that is not cannot exist in the bucket.
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(fuser::Errno::ENOENT);
+        };
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.lookup(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), GENERATION),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.getattr(ino.0).await {
+                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(self.refused());
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(self.refused());
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.refused());
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.refused());
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(self.refused());
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write =
+            !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.open(ino.0, write).await {
+                Ok(o) => {
+                    let f = if o.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(o.fh), f)
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(self.refused());
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readdir(fh.0, offset).await {
+                Ok(entries) => {
+                    for e in entries {
+                        let kind = if e.attr.kind == Kind::Dir {
+                            FileType::Directory
+                        } else {
+                            FileType::RegularFile
+                        };
+                        if reply.add(INodeNo(e.attr.ino), e.offset, kind, &e.name) {
+                            break;
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.readdir(fh.0, offset).await {
+                Ok(entries) => {
+                    for e in entries {
+                        let attr = file_attr(&e.attr);
+                        if reply.add(
+                            INodeNo(e.attr.ino),
+                            e.offset,
+                            &e.name,
+                            &ttl,
+                            &attr,
+                            GENERATION,
+                        ) {
+                            break;
+                        }
+                        // The kernel holds a reference to every entry but `.` and `..`.
+                        if e.name != "." && e.name != ".." {
+                            fs.remember(e.attr.ino);
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks,
+            s.blocks_free,
+            s.blocks_free,
+            s.files,
+            s.files_free,
+            s.block_size,
+            s.name_max,
+            s.block_size,
+        );
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(self.refused());
+    }
+}
+
+impl<S: ObjectStore> FuseAdapter<S> {
+    /// The core's answer to any change, until the write path lands.
+    fn refused(&self) -> fuser::Errno {
+        match self.fs.modify() {
+            Ok(()) => fuser::Errno::ENOSYS,
+            Err(e) => errno(&e),
+        }
+    }
+}
