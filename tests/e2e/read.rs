@@ -1,0 +1,312 @@
+//! End-to-end read path: the real GCS client against fake-gcs-server, through a real FUSE mount.
+//! Every test checks content (checksums of what is read back), not just success.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::process::Command;
+use std::time::Duration;
+
+use bucketdrive_tests::{random_bytes, sha256, Emulator, Mount, Result};
+use rand::{Rng, SeedableRng};
+
+const MIB: usize = 1024 * 1024;
+
+fn setup(bucket: &str) -> Result<Emulator> {
+    let emu = Emulator::start()?;
+    emu.create_bucket(bucket)?;
+    Ok(emu)
+}
+
+#[test]
+fn whole_files_of_edge_sizes_read_back_exactly() -> Result<()> {
+    let emu = setup("sizes")?;
+    let sizes = [0, 1, 8 * MIB - 1, 8 * MIB + 1, 100 * MIB];
+    let mut expected = BTreeMap::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let data = random_bytes(*size, i as u64);
+        let name = format!("f{size}");
+        emu.put("sizes", &name, &data)?;
+        expected.insert(name, sha256(&data));
+    }
+    let m = Mount::new(&emu, "sizes", &[])?;
+    for (name, want) in &expected {
+        // `cat` is what users run; it reads with its own buffer sizes.
+        let out = Command::new("cat").arg(m.path().join(name)).output()?;
+        assert!(out.status.success(), "cat {name} failed");
+        assert_eq!(&sha256(&out.stdout), want, "content of {name}");
+    }
+    m.unmount()
+}
+
+#[test]
+fn random_preads_match_the_source() -> Result<()> {
+    let emu = setup("random")?;
+    let data = random_bytes(64 * MIB, 42);
+    emu.put("random", "obj.bin", &data)?;
+    let m = Mount::new(&emu, "random", &[])?;
+    let f = std::fs::File::open(m.path().join("obj.bin"))?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut buf = vec![0u8; 256 * 1024];
+    for i in 0..1000 {
+        let len = rng.gen_range(1..=buf.len());
+        let off = rng.gen_range(0..data.len() as u64);
+        let n = f.read_at(&mut buf[..len], off)?;
+        let end = (off as usize + len).min(data.len());
+        assert_eq!(n, end - off as usize, "pread {i} length at {off}");
+        assert!(
+            buf[..n] == data[off as usize..end],
+            "pread {i} content at {off}+{len}"
+        );
+    }
+    drop(f);
+    m.unmount()
+}
+
+#[test]
+fn implicit_and_marker_directories_are_browsable() -> Result<()> {
+    let emu = setup("dirs")?;
+    emu.put("dirs", "a/b/c/deep.txt", b"deep")?;
+    emu.put("dirs", "a/top.txt", b"top")?;
+    emu.put("dirs", "marker/", b"")?;
+    emu.put("dirs", "marker/inside/", b"")?;
+    emu.put("dirs", "both", b"shadowed file")?;
+    emu.put("dirs", "both/child", b"child")?;
+    let m = Mount::new(&emu, "dirs", &[])?;
+    let names = |p: &str| -> Result<Vec<String>> {
+        let mut v: Vec<String> = std::fs::read_dir(m.path().join(p))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        v.sort();
+        Ok(v)
+    };
+    assert_eq!(names("")?, vec!["a", "both", "marker"]);
+    assert_eq!(names("a")?, vec!["b", "top.txt"]);
+    assert_eq!(names("a/b/c")?, vec!["deep.txt"]);
+    assert_eq!(names("marker")?, vec!["inside"]);
+    assert!(names("marker/inside")?.is_empty());
+    assert_eq!(std::fs::read(m.path().join("a/b/c/deep.txt"))?, b"deep");
+    assert!(
+        m.path().join("both").is_dir(),
+        "the directory wins over the file of the same name"
+    );
+    assert_eq!(std::fs::read(m.path().join("both/child"))?, b"child");
+    // find walks everything.
+    let out = Command::new("find")
+        .arg(".")
+        .current_dir(m.path())
+        .output()?;
+    let mut found: Vec<String> = String::from_utf8(out.stdout)?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        vec![
+            ".",
+            "./a",
+            "./a/b",
+            "./a/b/c",
+            "./a/b/c/deep.txt",
+            "./a/top.txt",
+            "./both",
+            "./both/child",
+            "./marker",
+            "./marker/inside"
+        ]
+    );
+    assert!(std::fs::metadata(m.path().join("nope")).is_err());
+    m.unmount()
+}
+
+#[test]
+fn large_directory_lists_completely_with_sizes() -> Result<()> {
+    let emu = setup("large")?;
+    let n = 5000;
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let emu = &emu;
+                s.spawn(move || -> Result<()> {
+                    for i in (t..n).step_by(8) {
+                        emu.put(
+                            "large",
+                            &format!("big/file-{i:05}.dat"),
+                            &vec![b'x'; i % 100],
+                        )?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("uploader panicked"))??;
+        }
+        Ok(())
+    })?;
+    let m = Mount::new(&emu, "large", &[])?;
+    let out = Command::new("ls")
+        .args(["-l", "--time-style=+"])
+        .arg(m.path().join("big"))
+        .output()?;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    let mut seen = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with('-')) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let size: usize = fields[4].parse()?;
+        seen.insert(fields.last().copied().unwrap_or_default().to_string(), size);
+    }
+    assert_eq!(seen.len(), n, "every object is listed once");
+    for i in 0..n {
+        assert_eq!(
+            seen.get(&format!("file-{i:05}.dat")),
+            Some(&(i % 100)),
+            "size of file {i}"
+        );
+    }
+    m.unmount()
+}
+
+#[test]
+fn concurrent_readers_of_different_files_all_verify() -> Result<()> {
+    let emu = setup("concurrent")?;
+    let mut want = Vec::new();
+    for i in 0..8 {
+        let data = random_bytes(12 * MIB + i * 4097, 100 + i as u64);
+        emu.put("concurrent", &format!("f{i}"), &data)?;
+        want.push(sha256(&data));
+    }
+    let m = Mount::new(&emu, "concurrent", &[])?;
+    let results: Vec<Result<String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let p = m.path().join(format!("f{i}"));
+                s.spawn(move || -> Result<String> { Ok(sha256(&std::fs::read(p)?)) })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("reader panicked")))
+            })
+            .collect()
+    });
+    for (i, r) in results.into_iter().enumerate() {
+        assert_eq!(r?, want[i], "reader {i}");
+    }
+    m.unmount()
+}
+
+#[test]
+fn replaced_object_shows_new_content_after_ttl_and_is_never_mixed() -> Result<()> {
+    let emu = setup("replace")?;
+    let old = random_bytes(20 * MIB, 1);
+    let new = random_bytes(20 * MIB, 2);
+    emu.put("replace", "f", &old)?;
+    let m = Mount::new(&emu, "replace", &["--stat-ttl", "1s"])?;
+    let path = m.path().join("f");
+    let f = std::fs::File::open(&path)?;
+    let mut head = vec![0u8; MIB];
+    f.read_at(&mut head, 0)?;
+    assert!(head == old[..MIB]);
+    emu.put("replace", "f", &new)?;
+    // The open handle keeps reading the generation it opened, or fails; it never returns bytes
+    // of the new object.
+    let mut buf = vec![0u8; MIB];
+    let mut off = MIB;
+    while off < old.len() {
+        match f.read_at(&mut buf, off as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                assert!(
+                    buf[..n] == old[off..off + n],
+                    "old handle returned foreign bytes at {off}"
+                );
+                off += n;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "unexpected error {e}");
+                break;
+            }
+        }
+    }
+    drop(f);
+    std::thread::sleep(Duration::from_millis(1500));
+    let now = std::fs::read(&path)?;
+    assert_eq!(
+        sha256(&now),
+        sha256(&new),
+        "after the stat TTL the new object is read whole"
+    );
+    m.unmount()
+}
+
+#[test]
+fn writes_are_refused_with_erofs() -> Result<()> {
+    let emu = setup("readonly")?;
+    emu.put("readonly", "f", b"data")?;
+    let m = Mount::new(&emu, "readonly", &[])?;
+    let err = std::fs::write(m.path().join("new"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path().join("f"))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        emu.get("readonly", "f")?,
+        b"data",
+        "the object is untouched"
+    );
+    m.unmount()
+}
+
+#[test]
+fn startup_errors_are_one_clear_line_and_nonzero() -> Result<()> {
+    let emu = setup("exists")?;
+    let dir = tempfile::tempdir()?;
+    let run = |spec: &str, mp: &std::path::Path| {
+        Command::new(bucketdrive_tests::bucketdrive_bin())
+            .args(["mount", spec])
+            .arg(mp)
+            .args(["--anonymous", "--endpoint", &emu.url()])
+            .output()
+    };
+    let out = run("no-such-bucket", dir.path())?;
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr)?;
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(
+        err.contains("bucket \"no-such-bucket\" does not exist"),
+        "{err}"
+    );
+
+    let out = run("exists", &dir.path().join("missing"))?;
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr)?;
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains("does not exist"), "{err}");
+
+    // Detached mode: the parent waits for readiness, then the mount serves.
+    emu.put("exists", "hello.txt", b"hi")?;
+    let out = run("exists", dir.path())?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = std::fs::read(dir.path().join("hello.txt"));
+    let unmount = Command::new(bucketdrive_tests::bucketdrive_bin())
+        .arg("unmount")
+        .arg(dir.path())
+        .status()?;
+    if !unmount.success() {
+        let _ = Command::new("umount").arg("-l").arg(dir.path()).status();
+    }
+    assert_eq!(read?, b"hi");
+    assert!(unmount.success());
+    assert!(!bucketdrive_tests::is_mounted(dir.path()));
+    Ok(())
+}

