@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount BUCKET[/PREFIX] (or gs://BUCKET/PREFIX) on MOUNTPOINT.
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
     /// Unmount a bucketdrive mount.
     Unmount { mountpoint: PathBuf },
 }
@@ -91,7 +91,7 @@ pub struct MountArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Mount(args) => mount::run(args),
+        Command::Mount(args) => mount::run(*args),
         Command::Unmount { mountpoint } => match mount::unmount(&mountpoint) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

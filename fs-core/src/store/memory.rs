@@ -328,7 +328,7 @@ impl ObjectStore for MemoryStore {
                 persisted: up.data.len() as u64,
             });
         }
-        if total.is_none() && data.len() % (256 * 1024) != 0 {
+        if total.is_none() && !data.len().is_multiple_of(256 * 1024) {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidArgument,
                 "chunk not a multiple of 256 KiB",
