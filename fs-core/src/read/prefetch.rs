@@ -3,7 +3,7 @@
 //!
 //! A *part* is one ranged GET of the object. While the reader moves forward, the window (bytes
 //! requested ahead of it) starts small, so a program that reads only a file's header pays for
-//! little, and doubles each time the reader finishes a part, up to `part_size × concurrency`.
+//! little, and doubles each time the reader finishes a part, up to `part_size × (concurrency + 1)`.
 //! Parts are fetched concurrently and handed out strictly in offset order.
 //!
 //! A read inside the window is served from memory, including short hops forward and slightly
@@ -52,8 +52,10 @@ impl PrefetchConfig {
         }
     }
 
+    /// The window counts the part being read as well as those ahead of it, so one extra part
+    /// keeps `concurrency` GETs in flight while the reader consumes the current one.
     fn max_window(&self) -> u64 {
-        self.part_size * self.concurrency as u64
+        self.part_size * (self.concurrency as u64 + 1)
     }
 }
 
