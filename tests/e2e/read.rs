@@ -289,6 +289,21 @@ fn startup_errors_are_one_clear_line_and_nonzero() -> Result<()> {
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(err.contains("does not exist"), "{err}");
 
+    let key = dir.path().with_extension("key.json");
+    std::fs::write(&key, b"{ not a key file")?;
+    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
+        .args(["mount", "exists"])
+        .arg(dir.path())
+        .args(["--endpoint", &emu.url(), "--key-file"])
+        .arg(&key)
+        .output()?;
+    let _ = std::fs::remove_file(&key);
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr)?;
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains("key file"), "{err}");
+    assert!(!bucketdrive_tests::is_mounted(dir.path()));
+
     // Detached mode: the parent waits for readiness, then the mount serves.
     emu.put("exists", "hello.txt", b"hi")?;
     let out = run("exists", dir.path())?;

@@ -386,6 +386,7 @@ impl<S: ObjectStore> Reader<S> {
                     )));
                 }
                 self.stats.crc_verified = true;
+                tracing::debug!(key = %self.key, generation = self.generation, "whole-object CRC32C verified");
             }
         }
         Ok(())
