@@ -307,6 +307,33 @@ mod tests {
     }
 
     #[test]
+    fn mtime_prefers_the_metadata_key() {
+        let updated = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2_000_000_000);
+        let mut m = ObjectMeta {
+            key: "k".into(),
+            generation: 1,
+            metageneration: 1,
+            size: 0,
+            crc32c: None,
+            updated,
+            content_type: None,
+            metadata: HashMap::new(),
+        };
+        assert_eq!(m.mtime(), updated);
+        m.metadata.insert(MTIME_KEY.into(), "1700000000".into());
+        assert_eq!(
+            m.mtime(),
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000)
+        );
+        m.metadata.insert(MTIME_KEY.into(), "garbage".into());
+        assert_eq!(
+            m.mtime(),
+            updated,
+            "an unparsable value falls back to the update time"
+        );
+    }
+
+    #[test]
     fn status_classes() {
         assert_eq!(
             StoreError::from_status(404, "").kind,

@@ -55,6 +55,44 @@ async fn sequential_read_prefetches_in_parallel_and_checks_crc() {
 }
 
 #[tokio::test]
+async fn seek_inside_the_window_is_served_from_memory() {
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(1_000_000, 5);
+    store.insert("obj", data.clone());
+    let mut r = reader(&store, "obj", &ReadBudget::new(1 << 30), small_cfg());
+    // Read enough in order for the window to grow well ahead of the reader.
+    let mut off = 0u64;
+    while off < 200_000 {
+        off += r.read(off, 16 * 1024).await.unwrap().len() as u64;
+    }
+    let before = r.stats();
+    // Hop forward inside what is already fetched, and back a little: no new request, no reset.
+    let ahead = r.read(off + 20_000, 1000).await.unwrap();
+    assert_eq!(
+        &ahead[..],
+        &data[off as usize + 20_000..off as usize + 21_000]
+    );
+    let back = r.read(off - 10_000, 1000).await.unwrap();
+    assert_eq!(
+        &back[..],
+        &data[off as usize - 10_000..off as usize - 9_000]
+    );
+    let after = r.stats();
+    assert_eq!(after.window_resets, before.window_resets);
+    assert_eq!(after.demand_fetches, 0);
+    // Every GET the store saw is a read-ahead part or a counted demand fetch: nothing else was
+    // fetched to serve these two reads. (Let spawned part tasks send their requests first.)
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let gets = store.counts.get.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(gets, after.parts + after.demand_fetches);
+    // A far seek drops the window and fetches on demand.
+    let far = r.read(900_000, 100).await.unwrap();
+    assert_eq!(&far[..], &data[900_000..900_100]);
+    assert_eq!(r.stats().window_resets, before.window_resets + 1);
+    assert_eq!(r.stats().demand_fetches, 1);
+}
+
+#[tokio::test]
 async fn crc_mismatch_is_an_error_not_silence() {
     let store = Arc::new(MemoryStore::new());
     store.insert("obj", pattern(200_000, 1));
