@@ -11,6 +11,7 @@ pub mod filesystem;
 pub mod namespace;
 pub mod read;
 pub mod store;
+pub mod write;
 
 pub use config::MountConfig;
 pub use error::{FsError, FsResult};

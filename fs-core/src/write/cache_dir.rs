@@ -1,0 +1,106 @@
+//! The cache directory of one mount: where staged data and the journal live.
+//!
+//! Layout: `lock` (held with `flock` for the life of the mount, so two mounts can never share
+//! one directory), `staging/<id>.data` and `journal/<id>.json`. Directories are mode 0700 and
+//! files 0600: staged data is the user's data.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// An open, locked cache directory.
+#[derive(Debug)]
+pub struct CacheDir {
+    root: PathBuf,
+    _lock: File,
+}
+
+impl CacheDir {
+    /// Creates (if needed) and locks `root`. Fails with a clear message if another mount holds it.
+    pub fn open(root: &Path) -> Result<Self, String> {
+        let mk = |p: &Path| -> Result<(), String> {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(p)
+                .map_err(|e| format!("cannot create cache directory {}: {e}", p.display()))?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("cannot restrict cache directory {}: {e}", p.display()))
+        };
+        mk(root)?;
+        mk(&root.join("staging"))?;
+        mk(&root.join("journal"))?;
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(root.join("lock"))
+            .map_err(|e| format!("cannot open {}: {e}", root.join("lock").display()))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                format!("cache directory {} is in use by another mount; give each mount its own --cache-dir", root.display())
+            } else {
+                format!("cannot lock cache directory {}: {e}", root.display())
+            });
+        }
+        Ok(CacheDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn staging_path(&self, id: u64) -> PathBuf {
+        self.root.join("staging").join(format!("{id:016x}.data"))
+    }
+
+    pub fn journal_dir(&self) -> PathBuf {
+        self.root.join("journal")
+    }
+}
+
+/// The default cache directory for a mount: under `$XDG_CACHE_HOME` (or `~/.cache`), one
+/// sub-directory per bucket, prefix and mountpoint.
+pub fn default_cache_dir(bucket: &str, prefix: &str, mountpoint: &Path) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    let tag = crc32c::crc32c(format!("{bucket}/{prefix}@{}", mountpoint.display()).as_bytes());
+    base.join("bucketdrive").join(format!("{bucket}-{tag:08x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_mounts_cannot_share_a_cache_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("c");
+        let first = CacheDir::open(&root).unwrap();
+        let mode = std::fs::metadata(&root).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let err = CacheDir::open(&root).unwrap_err();
+        assert!(err.contains("in use by another mount"), "{err}");
+        drop(first);
+        CacheDir::open(&root).unwrap();
+    }
+
+    #[test]
+    fn default_dirs_differ_per_mount() {
+        let a = default_cache_dir("b", "", Path::new("/mnt/a"));
+        let b = default_cache_dir("b", "", Path::new("/mnt/b"));
+        assert_ne!(a, b);
+        assert!(a.to_string_lossy().contains("bucketdrive"));
+    }
+}

@@ -1,0 +1,211 @@
+//! A staging file: the local copy of a file being written, on the cache disk.
+//!
+//! It is sparse: creating one costs nothing, whatever the file's size. It records which bytes
+//! are really present (written by the user, or fetched from the bucket for a read or a partial
+//! overwrite), so a hole is never mistaken for zeros, and fetched bytes never overwrite what the
+//! user wrote. Files are created mode 0600.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::ranges::RangeSet;
+
+/// The local copy of one file.
+#[derive(Debug)]
+pub struct StagingFile {
+    path: PathBuf,
+    file: File,
+    size: u64,
+    present: RangeSet,
+}
+
+impl StagingFile {
+    /// Creates a staging file for a file of `size` bytes, of which `present` are already valid
+    /// locally (nothing, for a file that exists in the bucket; everything, for a new file).
+    pub fn create(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
+        file.set_len(size)?;
+        Ok(StagingFile {
+            path: path.to_path_buf(),
+            file,
+            size,
+            present,
+        })
+    }
+
+    /// Opens a complete staging file left by an earlier run (journal replay).
+    pub fn open_complete(path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let size = file.metadata()?.len();
+        Ok(StagingFile {
+            path: path.to_path_buf(),
+            file,
+            size,
+            present: RangeSet::full(0..size),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether every byte of the file is present locally (it can be uploaded).
+    pub fn is_complete(&self) -> bool {
+        self.present.contains(&(0..self.size))
+    }
+
+    /// The parts of `range` (clipped to the file) that must be fetched before reading it.
+    pub fn missing(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        let end = range.end.min(self.size);
+        if range.start >= end {
+            return Vec::new();
+        }
+        self.present.missing(range.start..end)
+    }
+
+    /// Writes user data. The file grows as needed; a gap it leaves reads as zeros, as on a disk.
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)?;
+        let end = offset + data.len() as u64;
+        if offset > self.size {
+            // The hole between the old end and this write is zeros, not bucket data.
+            self.present.insert(self.size..offset);
+        }
+        self.present.insert(offset..end);
+        self.size = self.size.max(end);
+        Ok(())
+    }
+
+    /// Stores bytes fetched from the bucket at `offset`, only where nothing is present yet, so a
+    /// fetch that races a user write can never undo it.
+    pub fn fill(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let end = (offset + data.len() as u64).min(self.size);
+        for gap in self.present.missing(offset..end) {
+            let from = (gap.start - offset) as usize;
+            let to = (gap.end - offset) as usize;
+            self.file.write_all_at(&data[from..to], gap.start)?;
+            self.present.insert(gap);
+        }
+        Ok(())
+    }
+
+    /// Reads bytes that are present. Callers fetch [`Self::missing`] ranges first.
+    pub fn read_at(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let end = (offset + len as u64).min(self.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        if !self.present.contains(&(offset..end)) {
+            return Err(io::Error::other(
+                "staging file read of bytes not present locally",
+            ));
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        self.file.read_exact_at(&mut buf, offset)?;
+        Ok(buf)
+    }
+
+    /// Shrinks or grows the file. Growth is zeros, present locally.
+    pub fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        if len > self.size {
+            self.present.insert(self.size..len);
+        } else {
+            self.present.truncate(len);
+        }
+        self.size = len;
+        Ok(())
+    }
+
+    /// Makes the data durable.
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+
+    /// CRC32C of the whole file; it must be complete.
+    pub fn crc32c(&self) -> io::Result<u32> {
+        if !self.is_complete() {
+            return Err(io::Error::other("staging file is not complete"));
+        }
+        crc32c_of_file(&self.file, self.size)
+    }
+
+    /// Reads `range` of a complete file, for upload.
+    pub fn read_range(&self, range: Range<u64>) -> io::Result<Vec<u8>> {
+        self.read_at(range.start, (range.end - range.start) as usize)
+    }
+}
+
+/// CRC32C of the first `size` bytes of `file`, read in 1 MiB blocks.
+pub fn crc32c_of_file(file: &File, size: u64) -> io::Result<u32> {
+    let mut crc = 0u32;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < size {
+        let n = ((size - off) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], off)?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        off += n as u64;
+    }
+    Ok(crc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn sparse_fill_never_overwrites_user_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.data");
+        // A 100-byte object of which nothing is local yet.
+        let mut f = StagingFile::create(&p, 100, RangeSet::new()).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(!f.is_complete());
+        f.write_at(10, b"USER").unwrap();
+        assert_eq!(f.missing(0..100), vec![0..10, 14..100]);
+        assert!(f.read_at(0, 20).is_err(), "holes are not zeros");
+        // The bucket's bytes arrive for the whole object; the user's write survives.
+        f.fill(0, &[b'b'; 100]).unwrap();
+        assert!(f.is_complete());
+        let all = f.read_at(0, 100).unwrap();
+        assert_eq!(&all[..10], &[b'b'; 10]);
+        assert_eq!(&all[10..14], b"USER");
+        assert_eq!(&all[14..], &[b'b'; 86][..]);
+        assert_eq!(f.crc32c().unwrap(), crc32c::crc32c(&all));
+    }
+
+    #[test]
+    fn growth_and_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = StagingFile::create(&dir.path().join("g"), 0, RangeSet::new()).unwrap();
+        assert!(f.is_complete());
+        f.write_at(5, b"xy").unwrap();
+        assert_eq!(f.read_at(0, 10).unwrap(), b"\0\0\0\0\0xy");
+        f.truncate(3).unwrap();
+        assert_eq!(f.read_at(0, 10).unwrap(), b"\0\0\0");
+        f.truncate(6).unwrap();
+        assert_eq!(f.read_at(0, 10).unwrap(), b"\0\0\0\0\0\0");
+        f.sync().unwrap();
+        let again = StagingFile::open_complete(f.path()).unwrap();
+        assert_eq!(again.size(), 6);
+        assert!(again.is_complete());
+    }
+}

@@ -1,0 +1,232 @@
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::store::memory::MemoryStore;
+
+fn source(data: &[u8]) -> (tempfile::NamedTempFile, UploadSource) {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, data).unwrap();
+    let src = UploadSource::new(f.reopen().unwrap(), data.len() as u64);
+    (f, src)
+}
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn job(key: &str, pre: Precondition, data: &[u8]) -> UploadJob {
+    let mut opts = WriteOptions {
+        content_type: Some("text/plain".into()),
+        ..Default::default()
+    };
+    opts.metadata
+        .insert(crate::store::MTIME_KEY.into(), "1700000000".into());
+    UploadJob {
+        id: 1,
+        key: key.into(),
+        precondition: pre,
+        opts,
+        crc32c: crc32c::crc32c(data),
+    }
+}
+
+fn small_cfg(mode: UploadMode) -> UploadConfig {
+    UploadConfig {
+        single_shot_threshold: 64 * 1024,
+        part_size: 16 * 1024,
+        concurrency: 4,
+        mode,
+        chunk_size: 256 * 1024,
+        temp_prefix: ".bucketdrive-parts/".into(),
+    }
+}
+
+fn no_progress(_: UploadState) {}
+
+#[tokio::test]
+async fn every_strategy_stores_exact_bytes_and_metadata() {
+    for (size, mode) in [
+        (0usize, UploadMode::Composite),
+        (1000, UploadMode::Composite),
+        (64 * 1024, UploadMode::Composite),
+        (40 * 16 * 1024 + 7, UploadMode::Composite), // 41 parts: a two-level compose tree
+        (600 * 1024 + 3, UploadMode::Resumable),
+    ] {
+        let store = MemoryStore::new();
+        let data = bytes(size, 3);
+        let (_f, src) = source(&data);
+        let out = upload(
+            &store,
+            &src,
+            &job("k", Precondition::DoesNotExist, &data),
+            &small_cfg(mode),
+            &UploadState::Staged,
+            &no_progress,
+        )
+        .await
+        .unwrap();
+        let Outcome::Uploaded(meta) = out else {
+            panic!("no conflict expected")
+        };
+        assert_eq!(
+            store.object_bytes("k").unwrap(),
+            data,
+            "size {size} {mode:?}"
+        );
+        assert_eq!(meta.crc32c, Some(crc32c::crc32c(&data)));
+        assert_eq!(
+            meta.metadata
+                .get(crate::store::MTIME_KEY)
+                .map(String::as_str),
+            Some("1700000000")
+        );
+        assert_eq!(
+            store.keys(),
+            vec!["k".to_string()],
+            "no temporary part is left behind ({size} {mode:?})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_changed_object_is_kept_and_ours_saved_beside_it() {
+    for (size, mode) in [
+        (100usize, UploadMode::Composite),
+        (200 * 1024, UploadMode::Composite),
+        (300 * 1024, UploadMode::Resumable),
+    ] {
+        let store = MemoryStore::new();
+        let opened = store.insert("doc", "original");
+        store.insert("doc", "someone else's newer version");
+        let data = bytes(size, 9);
+        let (_f, src) = source(&data);
+        let out = upload(
+            &store,
+            &src,
+            &job(
+                "doc",
+                Precondition::GenerationMatch(opened.generation),
+                &data,
+            ),
+            &small_cfg(mode),
+            &UploadState::Staged,
+            &no_progress,
+        )
+        .await
+        .unwrap();
+        let Outcome::Conflict(saved) = out else {
+            panic!("a conflict was expected")
+        };
+        assert_eq!(
+            &store.object_bytes("doc").unwrap()[..],
+            b"someone else's newer version"
+        );
+        assert!(saved.key.starts_with("doc.conflict-"), "{}", saved.key);
+        assert_eq!(store.object_bytes(&saved.key).unwrap(), data);
+        assert_eq!(store.keys().len(), 2, "{:?}", store.keys());
+    }
+}
+
+#[tokio::test]
+async fn composite_upload_reuses_parts_already_uploaded() {
+    let store = MemoryStore::new();
+    let data = bytes(100 * 1024, 1);
+    let (_f, src) = source(&data);
+    let cfg = small_cfg(UploadMode::Composite);
+    let j = job("big", Precondition::DoesNotExist, &data);
+    // Parts 0 and 1 were uploaded before a crash, and recorded in the journal.
+    let progress = Mutex::new(Vec::new());
+    let prefix = format!(
+        "{}{:016x}-{}/",
+        cfg.temp_prefix,
+        j.id,
+        crc32c::crc32c(j.key.as_bytes())
+    );
+    let mut parts = Vec::new();
+    for i in 0..2u32 {
+        let chunk = &data[i as usize * 16 * 1024..(i as usize + 1) * 16 * 1024];
+        let key = format!("{prefix}{i:05}");
+        let m = store.insert(&key, chunk.to_vec());
+        parts.push(PartRecord {
+            index: i,
+            key,
+            generation: m.generation,
+            crc32c: crc32c::crc32c(chunk),
+        });
+    }
+    let writes_before = store.counts.write.load(Ordering::SeqCst);
+    let resume = UploadState::Uploading {
+        session_url: None,
+        parts,
+    };
+    let out = upload(&store, &src, &j, &cfg, &resume, &|s| {
+        progress.lock().push(s)
+    })
+    .await
+    .unwrap();
+    assert!(matches!(out, Outcome::Uploaded(_)));
+    assert_eq!(store.object_bytes("big").unwrap(), data);
+    // 7 parts in all: 5 uploaded now, plus one compose.
+    assert_eq!(
+        store.counts.write.load(Ordering::SeqCst) - writes_before,
+        5 + 1
+    );
+    let last = progress.lock().last().cloned().unwrap();
+    let UploadState::Uploading { parts, .. } = last else {
+        panic!("progress reports parts")
+    };
+    assert_eq!(parts.len(), 7);
+}
+
+#[tokio::test]
+async fn resumable_upload_resumes_its_session() {
+    let store = MemoryStore::new();
+    let data = bytes(700 * 1024, 4);
+    let (_f, src) = source(&data);
+    let cfg = small_cfg(UploadMode::Resumable);
+    let j = job("r", Precondition::DoesNotExist, &data);
+    let session = store
+        .start_resumable("r", Precondition::DoesNotExist, &WriteOptions::default())
+        .await
+        .unwrap();
+    store
+        .upload_chunk(
+            &session,
+            0,
+            Bytes::copy_from_slice(&data[..256 * 1024]),
+            None,
+        )
+        .await
+        .unwrap();
+    let resume = UploadState::Uploading {
+        session_url: Some(session.url.clone()),
+        parts: Vec::new(),
+    };
+    let writes_before = store.counts.write.load(Ordering::SeqCst);
+    let out = upload(&store, &src, &j, &cfg, &resume, &no_progress)
+        .await
+        .unwrap();
+    assert!(matches!(out, Outcome::Uploaded(_)));
+    assert_eq!(store.object_bytes("r").unwrap(), data);
+    // One status query, then the two chunks still missing; no new session, nothing resent.
+    assert_eq!(store.counts.write.load(Ordering::SeqCst) - writes_before, 3);
+}
+
+#[test]
+fn conflict_names_are_utc_stamped() {
+    let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_796_000_000);
+    assert_eq!(
+        conflict_key("a/b.txt", t),
+        "a/b.txt.conflict-20261130T005320Z"
+    );
+}
+
+#[test]
+fn part_count_is_bounded() {
+    let cfg = UploadConfig::default();
+    assert_eq!(part_size_for(100 << 20, &cfg), 32 << 20);
+    let huge = 5u64 << 40;
+    assert!(huge.div_ceil(part_size_for(huge, &cfg)) <= 1024);
+}
