@@ -30,6 +30,8 @@ pub struct MountConfig {
     pub max_read_memory: u64,
     /// Free space reported by statfs; never 0, because some programs refuse to copy then.
     pub reported_free_bytes: u64,
+    /// Most objects a directory rename copies; more gives `EXDEV` (and `mv` copies instead).
+    pub rename_dir_limit: usize,
 }
 
 impl MountConfig {
@@ -49,6 +51,7 @@ impl MountConfig {
             read_concurrency: 8,
             max_read_memory: 1024 * 1024 * 1024,
             reported_free_bytes: 1 << 50,
+            rename_dir_limit: 10_000,
         }
     }
 

@@ -35,6 +35,10 @@ pub enum FsError {
     Busy(String),
     #[error("operation not supported")]
     Unsupported,
+    #[error("no space left on the cache disk")]
+    NoSpace,
+    #[error("directory has too many objects to rename")]
+    CrossDevice,
     #[error("I/O error: {0}")]
     Io(String),
 }
@@ -56,6 +60,8 @@ impl FsError {
             FsError::Corrupt(_) => libc::EIO,
             FsError::Busy(_) => libc::EAGAIN,
             FsError::Unsupported => libc::ENOSYS,
+            FsError::NoSpace => libc::ENOSPC,
+            FsError::CrossDevice => libc::EXDEV,
             FsError::Io(_) => libc::EIO,
         }
     }
@@ -76,6 +82,8 @@ impl FsError {
             FsError::Corrupt(_) => 0xC000_003E, // STATUS_DATA_ERROR
             FsError::Busy(_) => 0xC000_00B5,  // STATUS_IO_TIMEOUT
             FsError::Unsupported => 0xC000_00BB, // STATUS_NOT_SUPPORTED
+            FsError::NoSpace => 0xC000_007F,  // STATUS_DISK_FULL
+            FsError::CrossDevice => 0xC000_00D4, // STATUS_NOT_SAME_DEVICE
             FsError::Io(_) => 0xC000_0185,    // STATUS_IO_DEVICE_ERROR
         }
     }
@@ -89,6 +97,15 @@ impl From<StoreError> for FsError {
             StoreErrorKind::PermissionDenied => FsError::PermissionDenied(e.message),
             StoreErrorKind::Throttled | StoreErrorKind::Transient => FsError::Busy(e.message),
             StoreErrorKind::InvalidArgument | StoreErrorKind::Other => FsError::Io(e.message),
+        }
+    }
+}
+
+impl From<std::io::Error> for FsError {
+    fn from(e: std::io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => FsError::NoSpace,
+            _ => FsError::Io(e.to_string()),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use fs_core::filesystem::OpenMode;
 use fs_core::store::ObjectStore;
 use fs_core::{Attr, FsError, Kind};
 use fuser::{
@@ -78,7 +79,8 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         }
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_ASYNC_READ
-            | InitFlags::FUSE_PARALLEL_DIROPS;
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
         if let Err(missing) = config.add_capabilities(wanted) {
             let _ = config.add_capabilities(wanted & !missing);
         }
@@ -117,63 +119,154 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(self.refused());
+        // chmod and chown are accepted and ignored: ownership and modes come from the mount.
+        let mtime = mtime.map(|t| match t {
+            TimeOrNow::SpecificTime(t) => t,
+            TimeOrNow::Now => SystemTime::now(),
+        });
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.setattr(ino.0, size, mtime, fh.map(|f| f.0)).await {
+                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(fuser::Errno::EINVAL);
+        };
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.mkdir(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), GENERATION),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(fuser::Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(fuser::Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        // RENAME_EXCHANGE and RENAME_NOREPLACE cannot be done atomically on a bucket.
+        if !flags.is_empty() {
+            return reply.error(fuser::Errno::EINVAL);
+        }
+        let (Some(name), Some(newname)) = (
+            name.to_str().map(str::to_owned),
+            newname.to_str().map(str::to_owned),
+        ) else {
+            return reply.error(fuser::Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.rename(parent.0, &name, newparent.0, &newname).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(errno(&self.fs.unsupported()));
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(errno(&self.fs.unsupported()));
+    }
+
+    fn mknod(
         &self,
         _req: &Request,
         _parent: INodeNo,
         _name: &OsStr,
         _mode: u32,
         _umask: u32,
+        _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(self.refused());
-    }
-
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.refused());
-    }
-
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.refused());
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(self.refused());
+        reply.error(errno(&self.fs.unsupported()));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write =
-            !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
+        let mode = OpenMode {
+            write: !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY),
+            truncate: flags.0 & libc::O_TRUNC != 0,
+        };
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.open(ino.0, write).await {
+            match fs.open(ino.0, mode).await {
                 Ok(o) => {
                     let f = if o.keep_cache {
                         FopenFlags::FOPEN_KEEP_CACHE
@@ -211,26 +304,39 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        reply.error(self.refused());
+        let fs = self.fs.clone();
+        let data = data.to_vec();
+        self.rt.spawn(async move {
+            match fs.write(fh.0, offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn flush(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn release(
@@ -243,26 +349,38 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        reply.ok();
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            fs.release(fh.0).await;
+            reply.ok();
+        });
     }
 
     fn fsync(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.fsync(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn readdir(
@@ -359,23 +477,28 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(self.refused());
-    }
-}
-
-impl<S: ObjectStore> FuseAdapter<S> {
-    /// The core's answer to any change, until the write path lands.
-    fn refused(&self) -> fuser::Errno {
-        match self.fs.modify() {
-            Ok(()) => fuser::Errno::ENOSYS,
-            Err(e) => errno(&e),
-        }
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(fuser::Errno::EINVAL);
+        };
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.create(parent.0, &name).await {
+                Ok((a, o)) => reply.created(
+                    &ttl,
+                    &file_attr(&a),
+                    GENERATION,
+                    FileHandle(o.fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 }

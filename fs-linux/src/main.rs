@@ -80,12 +80,50 @@ pub struct MountArgs {
     /// Kernel read-ahead for the mount, so sequential reads arrive in 1 MiB requests.
     #[arg(long, value_parser = parse_size, default_value = "4MiB")]
     pub kernel_read_ahead: u64,
+    /// Where written data is staged and the upload journal kept. Default: under the user's
+    /// cache directory, one sub-directory per mount.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// How long after close() a file's upload starts.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub write_back_delay: Duration,
+    /// Make close() wait for the upload and return its error.
+    #[arg(long)]
+    pub upload_on_close: bool,
+    /// Files under this size are uploaded in one request.
+    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    pub single_shot_threshold: u64,
+    /// Smallest part of a parallel composite upload.
+    #[arg(long, value_parser = parse_size, default_value = "32MiB")]
+    pub upload_part_size: u64,
+    /// Parts of one file uploading at once.
+    #[arg(long, default_value_t = 8)]
+    pub upload_concurrency: usize,
+    /// How big files are uploaded: composite (parallel parts) or resumable (one session).
+    #[arg(long, value_enum, default_value = "composite")]
+    pub upload_mode: UploadModeArg,
+    /// Files uploading at once.
+    #[arg(long, default_value_t = 32)]
+    pub upload_files_concurrency: usize,
+    /// Most objects a directory rename moves; more gives EXDEV.
+    #[arg(long, default_value_t = 10_000)]
+    pub rename_dir_limit: usize,
+    /// Mount read-only: every change fails with EROFS.
+    #[arg(long)]
+    pub read_only: bool,
     /// Log level (error, warn, info, debug, trace). RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Append logs to this file. Default: standard error in the foreground, nowhere when detached.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+}
+
+/// `--upload-mode` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadModeArg {
+    Composite,
+    Resumable,
 }
 
 fn main() -> ExitCode {

@@ -15,7 +15,9 @@ use fuser::{Config, Session, SessionACL};
 
 use crate::daemon::{self, Forked, Outcome, Readiness};
 use crate::fuse::FuseAdapter;
-use crate::MountArgs;
+use crate::{MountArgs, UploadModeArg};
+use fs_core::write::upload::UploadMode;
+use fs_core::write::writeback::WriteConfig;
 
 pub fn run(args: MountArgs) -> ExitCode {
     let fail = |msg: String| {
@@ -154,10 +156,39 @@ fn serve(
     cfg.read_concurrency = args.read_concurrency;
     cfg.max_read_memory = args.max_read_memory;
 
+    cfg.rename_dir_limit = args.rename_dir_limit;
     let uid = cfg.uid;
     let gid = cfg.gid;
-    let fs = Arc::new(Filesystem::new(Arc::new(store), cfg));
-    let adapter = FuseAdapter::new(fs, rt.handle().clone());
+    let store = Arc::new(store);
+    let fs = if args.read_only {
+        Filesystem::new(store, cfg)
+    } else {
+        let cache_dir = args.cache_dir.clone().unwrap_or_else(|| {
+            fs_core::write::cache_dir::default_cache_dir(&bucket, &prefix, mountpoint)
+        });
+        let mut w = WriteConfig::new(cache_dir);
+        w.write_back_delay = args.write_back_delay;
+        w.upload_on_close = args.upload_on_close;
+        w.files_concurrency = args.upload_files_concurrency;
+        w.upload.single_shot_threshold = args.single_shot_threshold;
+        w.upload.part_size = args.upload_part_size;
+        w.upload.concurrency = args.upload_concurrency;
+        w.upload.mode = match args.upload_mode {
+            UploadModeArg::Composite => UploadMode::Composite,
+            UploadModeArg::Resumable => UploadMode::Resumable,
+        };
+        tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
+        Filesystem::with_write(store, cfg, w)?
+    };
+    let fs = Arc::new(fs);
+    let replayed = rt.block_on(fs.start())?;
+    if replayed > 0 {
+        tracing::info!(
+            files = replayed,
+            "uploading files left staged by an earlier run"
+        );
+    }
+    let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
     let fd = kernel_mount(mountpoint, &bucket, uid, gid)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     let session = match Session::from_fd(adapter, fd, SessionACL::Owner, Config::default()) {
@@ -201,6 +232,23 @@ fn serve(
     readiness.ready();
     let result = session.run();
     tracing::info!("session ended");
+    // Uploads still pending finish before the process exits; whatever cannot be uploaded stays
+    // journaled for the next mount.
+    let status = rt.block_on(fs.write_status());
+    if status.pending_files > 0 {
+        tracing::info!(
+            files = status.pending_files,
+            bytes = status.pending_bytes,
+            "finishing pending uploads"
+        );
+    }
+    let left = rt.block_on(fs.drain(true));
+    if left > 0 {
+        tracing::warn!(
+            files = left,
+            "uploads failed; the files stay staged and will be uploaded at the next mount"
+        );
+    }
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     result.map_err(|e| format!("FUSE session failed: {e}"))
 }

@@ -36,6 +36,7 @@ impl MetaCache {
             negative: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(negative_ttl.max(Duration::from_nanos(1)))
+                .support_invalidation_closures()
                 .build(),
         }
     }
@@ -64,6 +65,16 @@ impl MetaCache {
     pub fn invalidate(&self, path: &str) {
         self.stat.invalidate(path);
         self.negative.invalidate(path);
+    }
+
+    /// Forgets everything at or under the directory `path` (after a directory rename).
+    pub fn invalidate_tree(&self, path: &str) {
+        let dir = format!("{path}/");
+        let p = path.to_string();
+        let pred = move |k: &String| *k == p || k.starts_with(&dir);
+        let pred2 = pred.clone();
+        let _ = self.stat.invalidate_entries_if(move |k, _| pred(k));
+        let _ = self.negative.invalidate_entries_if(move |k, _| pred2(k));
     }
 }
 

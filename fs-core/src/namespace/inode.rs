@@ -113,6 +113,19 @@ impl InodeTable {
         ino
     }
 
+    /// Moves the inode at `from` to `to` (a rename), detaching whatever `to` named before.
+    pub fn rename(&mut self, from: &str, to: &str) {
+        let Some(ino) = self.by_path.remove(from) else {
+            return;
+        };
+        self.by_path.remove(to);
+        if let Some(i) = self.by_ino.get_mut(&ino) {
+            i.path = to.to_string();
+            i.last_open_generation = None;
+        }
+        self.by_path.insert(to.to_string(), ino);
+    }
+
     /// Adds to the lookup count of an existing inode.
     pub fn add_lookup(&mut self, ino: Ino) {
         if let Some(i) = self.by_ino.get_mut(&ino) {

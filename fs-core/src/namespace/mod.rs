@@ -22,10 +22,14 @@ use parking_lot::Mutex;
 use crate::config::MountConfig;
 use crate::error::{FsError, FsResult};
 use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreErrorKind};
-use cache::{Entry, MetaCache};
+pub use cache::Entry;
+use cache::MetaCache;
 use inode::InodeTable;
 pub use inode::{Ino, Kind, ROOT_INO};
 use readdir::{Listed, Listing};
+
+/// Told when a key's content in the bucket changed (with the new object) or may have (`None`).
+pub type SettleHook = Arc<dyn Fn(&str, Option<&ObjectMeta>) + Send + Sync>;
 
 /// Attributes of a file or directory, platform-neutral.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +59,7 @@ pub struct Namespace<S: ObjectStore> {
     store: Arc<S>,
     cfg: Arc<MountConfig>,
     inodes: Mutex<InodeTable>,
-    cache: MetaCache,
+    cache: Arc<MetaCache>,
     /// Keys already reported as hidden by a directory, so each is logged once.
     shadow_logged: Cache<String, ()>,
     mount_time: SystemTime,
@@ -64,7 +68,11 @@ pub struct Namespace<S: ObjectStore> {
 impl<S: ObjectStore> Namespace<S> {
     pub fn new(store: Arc<S>, cfg: Arc<MountConfig>) -> Self {
         Namespace {
-            cache: MetaCache::new(cfg.cache_entries, cfg.stat_ttl, cfg.negative_ttl),
+            cache: Arc::new(MetaCache::new(
+                cfg.cache_entries,
+                cfg.stat_ttl,
+                cfg.negative_ttl,
+            )),
             shadow_logged: Cache::builder().max_capacity(10_000).build(),
             store,
             cfg,
@@ -163,7 +171,7 @@ impl<S: ObjectStore> Namespace<S> {
     }
 
     /// What is at `path`, from the caches or the bucket.
-    async fn resolve(&self, path: &str) -> FsResult<Entry> {
+    pub async fn resolve(&self, path: &str) -> FsResult<Entry> {
         match self.cache.get(path) {
             Some(Some(e)) => return Ok(e),
             Some(None) => return Err(FsError::NotFound),
@@ -181,7 +189,9 @@ impl<S: ObjectStore> Namespace<S> {
         }
     }
 
-    fn register(&self, path: &str, entry: &Entry, add_lookups: u64) -> Attr {
+    /// Registers `path` as `entry` (adding `add_lookups` kernel references) and returns its
+    /// attributes.
+    pub fn register(&self, path: &str, entry: &Entry, add_lookups: u64) -> Attr {
         let (kind, meta) = match entry {
             Entry::Dir => (Kind::Dir, None),
             Entry::File(m) => (Kind::File, Some(m.clone())),
@@ -256,13 +266,57 @@ impl<S: ObjectStore> Namespace<S> {
         self.inodes.lock().add_lookup(ino);
     }
 
-    /// Starts a pass over directory `ino`.
-    pub fn open_dir(&self, ino: Ino) -> FsResult<DirStream> {
+    /// Starts a pass over directory `ino`. `local` are files being written in it, which the
+    /// listing may not show yet (or shows with old attributes); they override what it says.
+    pub fn open_dir(&self, ino: Ino, local: Vec<(String, Entry)>) -> FsResult<DirStream> {
         let (path, kind) = self.inode_path(ino)?;
         if kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        Ok(DirStream::new(ino, path.clone(), self.dir_prefix(&path)))
+        let mut s = DirStream::new(ino, path.clone(), self.dir_prefix(&path));
+        s.set_local(local);
+        Ok(s)
+    }
+
+    /// The listing prefix of the directory at `path`, as an object-key prefix.
+    pub fn dir_key_prefix(&self, path: &str) -> String {
+        self.dir_prefix(path)
+    }
+
+    /// Records in the caches that `path` now holds `entry`.
+    pub fn note(&self, path: &str, entry: Entry) {
+        self.cache.insert(path, entry);
+    }
+
+    /// Records in the caches that nothing is at `path` any more.
+    pub fn note_missing(&self, path: &str) {
+        self.cache.insert_missing(path);
+    }
+
+    /// Forgets what the caches know of `path` and, for a directory, everything under it.
+    pub fn forget_tree(&self, path: &str) {
+        self.cache.invalidate_tree(path);
+    }
+
+    /// The inode at `from` is now at `to`.
+    pub fn rename_inode(&self, from: &str, to: &str) {
+        self.inodes.lock().rename(from, to);
+    }
+
+    /// A callback for the write path: a key's content in the bucket changed (with the new
+    /// object) or may have (with `None`).
+    pub fn settle_hook(&self) -> SettleHook {
+        let cache = self.cache.clone();
+        let prefix = self.cfg.prefix.clone();
+        Arc::new(move |key: &str, meta: Option<&ObjectMeta>| {
+            let Some(path) = key.strip_prefix(&prefix) else {
+                return;
+            };
+            match meta {
+                Some(m) => cache.insert(path, Entry::File(Arc::new(m.clone()))),
+                None => cache.invalidate(path),
+            }
+        })
     }
 
     /// Entries of `stream` after position `offset`, fetching pages as needed. Returns an empty
@@ -295,17 +349,34 @@ impl<S: ObjectStore> Namespace<S> {
             stream.push("..".into(), dotdot);
             return Ok(());
         }
+        if stream.listing.is_done() {
+            // Files being written that the bucket does not list yet.
+            for (name, entry) in std::mem::take(&mut stream.local) {
+                let path = names::join(&stream.path, &name);
+                let attr = self.register(&path, &entry, 0);
+                stream.push(name, attr);
+            }
+            stream.local_done = true;
+            return Ok(());
+        }
         let children = stream
             .listing
             .next_page(self.store.as_ref(), &|k| self.note_shadowed(k))
             .await?;
         for child in children {
-            let (name, entry) = match child {
+            let (name, listed) = match child {
                 Listed::Dir(n) => (n, Entry::Dir),
                 Listed::File(n, m) => (n, Entry::File(Arc::new(m))),
             };
             let path = names::join(&stream.path, &name);
-            self.cache.insert(&path, entry.clone());
+            let entry = match (stream.local.remove(&name), listed) {
+                // A file being written: its local size and mtime are the truth.
+                (Some(local), Entry::File(_)) => local,
+                (_, listed) => {
+                    self.cache.insert(&path, listed.clone());
+                    listed
+                }
+            };
             let attr = self.register(&path, &entry, 0);
             stream.push(name, attr);
         }
@@ -339,6 +410,11 @@ pub struct DirStream {
     next_offset: u64,
     consumed: u64,
     buffer: std::collections::VecDeque<DirEntry>,
+    /// Files being written in this directory, as given at open, for restarts.
+    local_all: Vec<(String, Entry)>,
+    /// Those not yet matched against the listing.
+    local: std::collections::HashMap<String, Entry>,
+    local_done: bool,
 }
 
 impl DirStream {
@@ -352,19 +428,29 @@ impl DirStream {
             next_offset: 1,
             consumed: 0,
             buffer: Default::default(),
+            local_all: Vec::new(),
+            local: Default::default(),
+            local_done: false,
         }
     }
 
+    fn set_local(&mut self, local: Vec<(String, Entry)>) {
+        self.local = local.iter().cloned().collect();
+        self.local_all = local;
+    }
+
     fn restart(&mut self) {
+        let local = std::mem::take(&mut self.local_all);
         *self = DirStream::new(
             self.ino,
             std::mem::take(&mut self.path),
             std::mem::take(&mut self.prefix),
         );
+        self.set_local(local);
     }
 
     fn finished(&self) -> bool {
-        self.dots_done && self.listing.is_done()
+        self.dots_done && self.listing.is_done() && self.local_done
     }
 
     fn push(&mut self, name: String, attr: Attr) {

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use crate::config::MountConfig;
 use crate::error::FsError;
-use crate::filesystem::Filesystem;
+use crate::filesystem::{Filesystem, OpenMode};
 use crate::namespace::{Kind, ROOT_INO};
 use crate::store::memory::MemoryStore;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ fn fs_with(store: Arc<MemoryStore>, prefix: &str) -> Filesystem<MemoryStore> {
 /// Lists a whole directory through the facade, taking `take` entries per call like a kernel
 /// with a small buffer, and returns (name, kind, size) sorted.
 async fn list(fs: &Filesystem<MemoryStore>, ino: u64, take: usize) -> Vec<(String, Kind, u64)> {
-    let fh = fs.opendir(ino).unwrap();
+    let fh = fs.opendir(ino).await.unwrap();
     let mut out = Vec::new();
     let mut offset = 0;
     loop {
@@ -130,7 +130,7 @@ async fn prefix_mount_sees_only_its_prefix() {
     let names = list(&fs, ROOT_INO, usize::MAX).await;
     assert_eq!(names, vec![("a.txt".to_string(), Kind::File, 1)]);
     let a = fs.lookup(ROOT_INO, "a.txt").await.unwrap();
-    let opened = fs.open(a.ino, false).await.unwrap();
+    let opened = fs.open(a.ino, OpenMode::default()).await.unwrap();
     assert_eq!(&fs.read(opened.fh, 0, 10).await.unwrap()[..], b"a");
 }
 
@@ -142,7 +142,7 @@ async fn replaced_object_is_seen_after_ttl_and_never_mixed() {
     cfg.stat_ttl = Duration::from_millis(50);
     let fs = Filesystem::new(store.clone(), cfg);
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let h1 = fs.open(f.ino, false).await.unwrap();
+    let h1 = fs.open(f.ino, OpenMode::default()).await.unwrap();
     assert_eq!(fs.read(h1.fh, 0, 10).await.unwrap()[..], [1u8; 10]);
     store.insert("f", vec![2u8; 50]);
     // The old handle never returns bytes of the new generation.
@@ -153,13 +153,13 @@ async fn replaced_object_is_seen_after_ttl_and_never_mixed() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let attr = fs.getattr(f.ino).await.unwrap();
     assert_eq!(attr.size, 50);
-    let h2 = fs.open(f.ino, false).await.unwrap();
+    let h2 = fs.open(f.ino, OpenMode::default()).await.unwrap();
     assert!(
         !h2.keep_cache,
         "a new generation must drop the kernel's cached pages"
     );
     assert_eq!(fs.read(h2.fh, 0, 100).await.unwrap()[..], [2u8; 50]);
-    let h3 = fs.open(f.ino, false).await.unwrap();
+    let h3 = fs.open(f.ino, OpenMode::default()).await.unwrap();
     assert!(h3.keep_cache, "same generation keeps the page cache");
 }
 
@@ -169,8 +169,19 @@ async fn writes_are_refused_read_only() {
     store.insert("f", "x");
     let fs = fs_with(store.clone(), "");
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
-    assert_eq!(fs.open(f.ino, true).await.unwrap_err(), FsError::ReadOnly);
-    assert_eq!(fs.modify().unwrap_err().errno(), libc::EROFS);
+    let w = OpenMode {
+        write: true,
+        truncate: false,
+    };
+    assert_eq!(fs.open(f.ino, w).await.unwrap_err(), FsError::ReadOnly);
+    assert_eq!(
+        fs.mkdir(ROOT_INO, "d").await.unwrap_err().errno(),
+        libc::EROFS
+    );
+    assert_eq!(
+        fs.create(ROOT_INO, "n").await.unwrap_err().errno(),
+        libc::EROFS
+    );
     assert_eq!(store.counts.write.load(Ordering::SeqCst), 0);
 }
 

@@ -14,3 +14,4 @@ pub mod journal;
 pub mod ranges;
 pub mod staging;
 pub mod upload;
+pub mod writeback;
