@@ -244,16 +244,18 @@ fn replaced_object_shows_new_content_after_ttl_and_is_never_mixed() -> Result<()
 }
 
 #[test]
-fn writes_are_refused_with_erofs() -> Result<()> {
+fn read_only_mount_refuses_writes_with_erofs() -> Result<()> {
     let emu = setup("readonly")?;
     emu.put("readonly", "f", b"data")?;
-    let m = Mount::new(&emu, "readonly", &[])?;
+    let m = Mount::new(&emu, "readonly", &["--read-only"])?;
     let err = std::fs::write(m.path().join("new"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
     let err = std::fs::OpenOptions::new()
         .write(true)
         .open(m.path().join("f"))
         .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = std::fs::create_dir(m.path().join("d")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
     assert_eq!(
         emu.get("readonly", "f")?,

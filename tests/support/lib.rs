@@ -201,11 +201,21 @@ pub struct Mount {
     child: Option<Child>,
     dir: tempfile::TempDir,
     log: PathBuf,
+    _cache: Option<tempfile::TempDir>,
 }
 
 impl Mount {
-    /// Mounts `spec` (BUCKET[/PREFIX]) from `emu` with extra CLI `args`.
+    /// Mounts `spec` (BUCKET[/PREFIX]) from `emu` with extra CLI `args`, staging writes in a
+    /// fresh cache directory.
     pub fn new(emu: &Emulator, spec: &str, args: &[&str]) -> Result<Self> {
+        let cache = tempfile::Builder::new().prefix("bd-cache").tempdir()?;
+        let mut m = Self::with_cache(emu, spec, cache.path(), args)?;
+        m._cache = Some(cache);
+        Ok(m)
+    }
+
+    /// Mounts with the given cache directory, which outlives the mount (for crash tests).
+    pub fn with_cache(emu: &Emulator, spec: &str, cache_dir: &Path, args: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
         let log = dir.path().with_extension("log");
         let child = Command::new(bucketdrive_bin())
@@ -215,6 +225,8 @@ impl Mount {
             .args(["--foreground", "--anonymous", "--endpoint", &emu.url()])
             .arg("--log-file")
             .arg(&log)
+            .arg("--cache-dir")
+            .arg(cache_dir)
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -223,6 +235,7 @@ impl Mount {
             child: Some(child),
             dir,
             log,
+            _cache: None,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !is_mounted(m.path()) {
@@ -256,6 +269,17 @@ impl Mount {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Kills the daemon with SIGKILL, as a crash would, and clears the dead mount it leaves.
+    pub fn crash(mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        anyhow::ensure!(!is_mounted(self.path()), "stale mount left behind");
+        Ok(())
+    }
+
     /// Unmounts through SIGTERM and waits for a clean exit.
     pub fn unmount(mut self) -> Result<()> {
         self.stop()
@@ -267,7 +291,7 @@ impl Mount {
         };
         // SAFETY: kill(2) on a child we own.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let mut clean = false;
         while Instant::now() < deadline {
             if let Some(status) = child.try_wait()? {
@@ -299,4 +323,26 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// Polls the bucket until `key` holds bytes with sha256 `want`, for up to `secs` seconds.
+pub fn wait_for_object(
+    emu: &Emulator,
+    bucket: &str,
+    key: &str,
+    want: &str,
+    secs: u64,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if let Ok(data) = emu.get(bucket, key) {
+            last = sha256(&data);
+            if last == want {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    anyhow::bail!("{key} did not reach the bucket with sha256 {want} (last seen {last:?})")
 }

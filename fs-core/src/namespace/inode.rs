@@ -113,17 +113,28 @@ impl InodeTable {
         ino
     }
 
-    /// Moves the inode at `from` to `to` (a rename), detaching whatever `to` named before.
+    /// Moves the inode at `from`, and every inode below it, to `to` (a rename), detaching
+    /// whatever those new paths named before. The kernel keeps its dentries for the children of
+    /// a renamed directory, so their inodes must answer to the new paths.
     pub fn rename(&mut self, from: &str, to: &str) {
-        let Some(ino) = self.by_path.remove(from) else {
-            return;
-        };
-        self.by_path.remove(to);
-        if let Some(i) = self.by_ino.get_mut(&ino) {
-            i.path = to.to_string();
-            i.last_open_generation = None;
+        let from_dir = format!("{from}/");
+        let moved: Vec<(String, Ino)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| *p == from || p.starts_with(&from_dir))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (old, _) in &moved {
+            self.by_path.remove(old);
         }
-        self.by_path.insert(to.to_string(), ino);
+        for (old, ino) in moved {
+            let new = format!("{to}{}", &old[from.len()..]);
+            if let Some(i) = self.by_ino.get_mut(&ino) {
+                i.path = new.clone();
+                i.last_open_generation = None;
+            }
+            self.by_path.insert(new, ino);
+        }
     }
 
     /// Adds to the lookup count of an existing inode.
@@ -178,6 +189,23 @@ mod tests {
         assert_ne!(a, a2, "numbers are never reused");
         t.forget(ROOT_INO, 100);
         assert!(t.get(ROOT_INO).is_some());
+    }
+
+    #[test]
+    fn rename_moves_descendants() {
+        let mut t = InodeTable::new();
+        let d = t.upsert("a/b", Kind::Dir, None, 1);
+        let f = t.upsert("a/b/c/f", Kind::File, None, 1);
+        let other = t.upsert("a/bb", Kind::File, None, 1);
+        t.rename("a/b", "x");
+        assert_eq!(t.get(d).unwrap().path, "x");
+        assert_eq!(t.get(f).unwrap().path, "x/c/f");
+        assert_eq!(
+            t.get(other).unwrap().path,
+            "a/bb",
+            "a sibling with a common prefix stays"
+        );
+        assert_eq!(t.upsert("x/c/f", Kind::File, None, 0), f);
     }
 
     #[test]

@@ -1,0 +1,273 @@
+//! End-to-end write path: through a real FUSE mount to fake-gcs-server. Every test checks the
+//! bytes in the bucket, fetched directly from the emulator, not through the mount.
+
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::process::Command;
+
+use bucketdrive_tests::{random_bytes, sha256, wait_for_object, Emulator, Mount, Result};
+use rand::{Rng, SeedableRng};
+
+const MIB: usize = 1024 * 1024;
+
+fn setup(bucket: &str) -> Result<Emulator> {
+    let emu = Emulator::start()?;
+    emu.create_bucket(bucket)?;
+    Ok(emu)
+}
+
+fn keys(emu: &Emulator, bucket: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut url = format!("{}/storage/v1/b/{bucket}/o?maxResults=1000", emu.url());
+        if let Some(t) = &token {
+            url.push_str(&format!("&pageToken={t}"));
+        }
+        let body = ureq::get(&url).call()?.into_string()?;
+        for part in body.split("\"name\":\"").skip(1) {
+            if let Some(end) = part.find('"') {
+                out.push(part[..end].to_string());
+            }
+        }
+        token = body
+            .split("\"nextPageToken\":\"")
+            .nth(1)
+            .and_then(|p| p.split('"').next())
+            .map(str::to_owned);
+        if token.is_none() {
+            break;
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+#[test]
+fn sequential_writes_of_edge_sizes_reach_the_bucket() -> Result<()> {
+    let emu = setup("seqw")?;
+    let m = Mount::new(&emu, "seqw", &["--write-back-delay", "0s"])?;
+    let sizes = [0, 1, 16 * MIB - 1, 16 * MIB + 1, 200 * MIB];
+    let mut want = Vec::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let data = random_bytes(*size, 10 + i as u64);
+        let name = format!("w{size}");
+        std::fs::write(m.path().join(&name), &data)?;
+        want.push((name, sha256(&data)));
+    }
+    for (name, sha) in &want {
+        wait_for_object(&emu, "seqw", name, sha, 120)?;
+    }
+    assert!(
+        keys(&emu, "seqw")?
+            .iter()
+            .all(|k| !k.starts_with(".bucketdrive-parts")),
+        "temporary parts are gone"
+    );
+    m.unmount()
+}
+
+#[test]
+fn fsync_returns_with_the_data_in_the_bucket() -> Result<()> {
+    let emu = setup("fsync")?;
+    let m = Mount::new(&emu, "fsync", &["--write-back-delay", "1h"])?;
+    let data = random_bytes(3 * MIB, 5);
+    let mut f = std::fs::File::create(m.path().join("f"))?;
+    f.write_all(&data)?;
+    f.sync_all()?;
+    assert_eq!(
+        sha256(&emu.get("fsync", "f")?),
+        sha256(&data),
+        "in the bucket when fsync returns"
+    );
+    drop(f);
+    m.unmount()
+}
+
+#[test]
+fn append_truncate_overwrite_and_random_writes() -> Result<()> {
+    let emu = setup("modify")?;
+    let original = random_bytes(8 * MIB, 1);
+    emu.put("modify", "existing", &original)?;
+    let m = Mount::new(&emu, "modify", &["--write-back-delay", "0s"])?;
+    let p = m.path();
+
+    // Append to a new file over several opens.
+    std::fs::write(p.join("log"), b"one\n")?;
+    for line in [&b"two\n"[..], b"three\n"] {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(p.join("log"))?;
+        f.write_all(line)?;
+    }
+    wait_for_object(&emu, "modify", "log", &sha256(b"one\ntwo\nthree\n"), 60)?;
+
+    // Random writes into an existing object: untouched bytes come from the bucket.
+    let mut model = original.clone();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(p.join("existing"))?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    for _ in 0..200 {
+        let off = rng.gen_range(0..model.len() - 4096);
+        let len = rng.gen_range(1..4096);
+        let chunk: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        f.write_all_at(&chunk, off as u64)?;
+        model[off..off + len].copy_from_slice(&chunk);
+    }
+    drop(f);
+    wait_for_object(&emu, "modify", "existing", &sha256(&model), 60)?;
+    // The mount reads its own writes.
+    assert_eq!(sha256(&std::fs::read(p.join("existing"))?), sha256(&model));
+
+    // Truncate: shrink, then grow.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(p.join("existing"))?;
+    f.set_len(1000)?;
+    drop(f);
+    wait_for_object(&emu, "modify", "existing", &sha256(&model[..1000]), 60)?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(p.join("existing"))?;
+    f.set_len(3000)?;
+    drop(f);
+    let mut grown = model[..1000].to_vec();
+    grown.resize(3000, 0);
+    wait_for_object(&emu, "modify", "existing", &sha256(&grown), 60)?;
+
+    // Overwrite with O_TRUNC.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(p.join("existing"))?;
+    f.write_all(b"replaced")?;
+    f.seek(SeekFrom::Start(0))?;
+    drop(f);
+    wait_for_object(&emu, "modify", "existing", &sha256(b"replaced"), 60)?;
+    m.unmount()
+}
+
+#[test]
+fn mkdir_rmdir_and_rename_of_files_and_directories() -> Result<()> {
+    let emu = setup("names")?;
+    let m = Mount::new(&emu, "names", &["--write-back-delay", "0s"])?;
+    let p = m.path();
+    std::fs::create_dir(p.join("a"))?;
+    std::fs::create_dir_all(p.join("a/b/c"))?;
+    std::fs::write(p.join("a/b/c/f.txt"), b"deep")?;
+    std::fs::write(p.join("a/top.txt"), b"top")?;
+    wait_for_object(&emu, "names", "a/b/c/f.txt", &sha256(b"deep"), 60)?;
+    wait_for_object(&emu, "names", "a/top.txt", &sha256(b"top"), 60)?;
+    assert_eq!(
+        std::fs::remove_dir(p.join("a/b"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    // File rename.
+    std::fs::rename(p.join("a/top.txt"), p.join("a/renamed.txt"))?;
+    assert_eq!(std::fs::read(p.join("a/renamed.txt"))?, b"top");
+    assert!(!p.join("a/top.txt").exists());
+    // Directory rename, object by object.
+    std::fs::rename(p.join("a/b"), p.join("moved"))?;
+    assert_eq!(std::fs::read(p.join("moved/c/f.txt"))?, b"deep");
+    let k = keys(&emu, "names")?;
+    assert_eq!(
+        k,
+        vec!["a/", "a/renamed.txt", "moved/", "moved/c/", "moved/c/f.txt"],
+        "{k:?}"
+    );
+    // Remove everything again.
+    std::fs::remove_file(p.join("moved/c/f.txt"))?;
+    std::fs::remove_dir(p.join("moved/c"))?;
+    std::fs::remove_dir(p.join("moved"))?;
+    std::fs::remove_file(p.join("a/renamed.txt"))?;
+    std::fs::remove_dir(p.join("a"))?;
+    assert_eq!(keys(&emu, "names")?, Vec::<String>::new());
+    assert_eq!(std::fs::read_dir(p)?.count(), 0);
+    m.unmount()
+}
+
+#[test]
+fn tar_extract_of_a_tree_matches_after_remount() -> Result<()> {
+    let emu = setup("tarx")?;
+    // A source tree of a few hundred files in nested directories.
+    let src = tempfile::tempdir()?;
+    for d in 0..12 {
+        for f in 0..25 {
+            let dir = src.path().join(format!("pkg{d}/mod{}", f % 3));
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(
+                dir.join(format!("file{f}.rs")),
+                random_bytes(100 + f * 37 + d, (d * 100 + f) as u64),
+            )?;
+        }
+    }
+    let tarball = src.path().with_extension("tar");
+    assert!(Command::new("tar")
+        .arg("cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(src.path())
+        .arg(".")
+        .status()?
+        .success());
+    let cache = tempfile::tempdir()?;
+    let m = Mount::with_cache(&emu, "tarx", cache.path(), &["--write-back-delay", "0s"])?;
+    assert!(Command::new("tar")
+        .arg("xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(m.path())
+        .status()?
+        .success());
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg(src.path())
+        .arg(m.path())
+        .output()?;
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    m.unmount()?;
+    let m = Mount::with_cache(&emu, "tarx", cache.path(), &[])?;
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg(src.path())
+        .arg(m.path())
+        .output()?;
+    let _ = std::fs::remove_file(&tarball);
+    assert!(
+        diff.status.success(),
+        "after remount: {}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    m.unmount()
+}
+
+#[test]
+fn a_crash_loses_nothing_that_was_closed() -> Result<()> {
+    let emu = setup("crash")?;
+    let cache = tempfile::tempdir()?;
+    let m = Mount::with_cache(&emu, "crash", cache.path(), &["--write-back-delay", "1h"])?;
+    let mut want = Vec::new();
+    for i in 0..50 {
+        let data = random_bytes(1000 + i * 3001, 500 + i as u64);
+        std::fs::write(m.path().join(format!("f{i:02}")), &data)?;
+        want.push((format!("f{i:02}"), sha256(&data)));
+    }
+    assert!(
+        keys(&emu, "crash")?.is_empty(),
+        "nothing uploaded yet: the write-back delay is an hour"
+    );
+    m.crash()?;
+    let m = Mount::with_cache(&emu, "crash", cache.path(), &["--write-back-delay", "0s"])?;
+    for (name, sha) in &want {
+        wait_for_object(&emu, "crash", name, sha, 60)?;
+    }
+    m.unmount()
+}
