@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mounts a demo bucket served by a local emulator and shows that it works: browse, read, and
-# compare checksums with the source. Stays mounted until Enter or Ctrl-C on a terminal; exits
+# Mounts a demo bucket served by a local emulator and shows that it works: browse, read,
+# compare checksums with the source, and write a file that lands in the bucket. Stays mounted until Enter or Ctrl-C on a terminal; exits
 # right away otherwise. Needs root and /dev/fuse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ put_object demo photos/2026/big.bin "$SRC/big.bin"
 put_object demo docs/ /dev/null
 
 echo "== bucketdrive mount demo $MNT --endpoint $EMU_URL"
-"$BIN" mount demo "$MNT" --endpoint "$EMU_URL" --anonymous
+"$BIN" mount demo "$MNT" --endpoint "$EMU_URL" --anonymous --cache-dir "$SRC/cache"
 echo "== ls -lR"
 ls -lR "$MNT"
 echo "== cat hello.txt"
@@ -35,6 +35,16 @@ echo "== sha256: source vs. mount"
 (cd "$SRC" && sha256sum big.bin)
 sha256sum "$MNT/photos/2026/big.bin"
 if cmp -s "$SRC/big.bin" "$MNT/photos/2026/big.bin"; then echo "OK: contents match"; else echo "MISMATCH"; exit 1; fi
+echo "== write through the mount, then read the object straight from the bucket"
+mkdir "$MNT/notes"
+echo "written through bucketdrive" > "$MNT/notes/hello.txt"
+for _ in $(seq 100); do
+  got=$(curl -sf "$EMU_URL/storage/v1/b/demo/o/notes%2Fhello.txt?alt=media" || true)
+  [ -n "$got" ] && break
+  sleep 0.1
+done
+echo "bucket has notes/hello.txt: $got"
+[ "$got" = "written through bucketdrive" ] || { echo "MISMATCH"; exit 1; }
 if [ -t 0 ]; then
   read -r -p "Mounted at $MNT. Press Enter to unmount... " _
 fi
