@@ -222,15 +222,13 @@ impl<S: ObjectStore> Filesystem<S> {
         let key = self.ns.key_of(&path);
         if mode.write || mode.truncate {
             let w = self.writer()?;
-            let base = if w.item(&key).is_some() {
-                None
-            } else {
-                match self.ns.resolve(&path).await {
-                    Ok(Entry::File(m)) => Some(m),
-                    Ok(Entry::Dir) => return Err(FsError::IsDir),
-                    Err(FsError::NotFound) => None,
-                    Err(e) => return Err(e),
-                }
+            // Resolved even when an item exists: it may retire before `open` takes it, and a
+            // new item must then start from what is in the bucket.
+            let base = match self.ns.resolve(&path).await {
+                Ok(Entry::File(m)) => Some(m),
+                Ok(Entry::Dir) => return Err(FsError::IsDir),
+                Err(FsError::NotFound) => None,
+                Err(e) => return Err(e),
             };
             let item = w.open(&key, base.as_deref(), mode.truncate).await?;
             let fh = self.add_handle(
@@ -401,13 +399,11 @@ impl<S: ObjectStore> Filesystem<S> {
         let (item, temporary) = match held {
             Some(item) => (item, false),
             None => {
-                let base = if w.item(&key).is_some() {
-                    None
-                } else {
-                    match self.ns.resolve(&path).await? {
-                        Entry::File(m) => Some(m),
-                        Entry::Dir => return Err(FsError::IsDir),
-                    }
+                let base = match self.ns.resolve(&path).await {
+                    Ok(Entry::File(m)) => Some(m),
+                    Ok(Entry::Dir) => return Err(FsError::IsDir),
+                    Err(FsError::NotFound) => None,
+                    Err(e) => return Err(e),
                 };
                 (w.open(&key, base.as_deref(), size == Some(0)).await?, true)
             }
@@ -557,6 +553,9 @@ impl<S: ObjectStore> Filesystem<S> {
     async fn rename_file(&self, from: &str, to: &str) -> FsResult<()> {
         let w = self.writer()?;
         let (src_key, dst_key) = (self.ns.key_of(from), self.ns.key_of(to));
+        // Uploads already in flight land first; the copy then takes what they wrote.
+        w.settle(&src_key).await;
+        w.settle(&dst_key).await;
         let src_meta = match self.ns.resolve(from).await {
             Ok(Entry::File(m)) => Some(m),
             Ok(Entry::Dir) => return Err(FsError::IsDir),

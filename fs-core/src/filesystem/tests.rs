@@ -368,3 +368,262 @@ async fn failed_uploads_stay_staged_and_are_retried() {
     assert_eq!(&store.object_bytes("f").unwrap()[..], b"data");
     assert!(fs.write_status().await.failures >= 1);
 }
+
+mod model {
+    //! The reference-model test: random operations applied to the filesystem core and to a
+    //! plain map of paths; once uploads drain, the bucket must hold exactly the model.
+
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const FILES: [&str; 6] = ["a", "b", "d1/a", "d1/b", "d2/a", "d2/c"];
+    const DIRS: [&str; 2] = ["d1", "d2"];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write {
+            file: usize,
+            offset: u16,
+            len: u16,
+            byte: u8,
+        },
+        Append {
+            file: usize,
+            len: u16,
+            byte: u8,
+        },
+        Truncate {
+            file: usize,
+            len: u16,
+        },
+        Rename {
+            from: usize,
+            to: usize,
+        },
+        Unlink {
+            file: usize,
+        },
+        Mkdir {
+            dir: usize,
+        },
+        Rmdir {
+            dir: usize,
+        },
+        Fsync {
+            file: usize,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let f = 0..FILES.len();
+        let d = 0..DIRS.len();
+        prop_oneof![
+            4 => (f.clone(), 0u16..3000, 1u16..3000, any::<u8>()).prop_map(|(file, offset, len, byte)| Op::Write { file, offset, len, byte }),
+            2 => (f.clone(), 1u16..2000, any::<u8>()).prop_map(|(file, len, byte)| Op::Append { file, len, byte }),
+            1 => (f.clone(), 0u16..4000).prop_map(|(file, len)| Op::Truncate { file, len }),
+            2 => (f.clone(), f.clone()).prop_map(|(from, to)| Op::Rename { from, to }),
+            1 => f.clone().prop_map(|file| Op::Unlink { file }),
+            2 => d.clone().prop_map(|dir| Op::Mkdir { dir }),
+            1 => d.prop_map(|dir| Op::Rmdir { dir }),
+            1 => f.prop_map(|file| Op::Fsync { file }),
+        ]
+    }
+
+    #[derive(Default, Debug)]
+    struct Model {
+        files: BTreeMap<String, Vec<u8>>,
+        dirs: Vec<String>,
+    }
+
+    impl Model {
+        fn parent_exists(&self, path: &str) -> bool {
+            match path.rsplit_once('/') {
+                None => true,
+                Some((d, _)) => self.dirs.iter().any(|x| x == d),
+            }
+        }
+        fn dir_empty(&self, d: &str) -> bool {
+            !self.files.keys().any(|k| k.starts_with(&format!("{d}/")))
+        }
+    }
+
+    async fn ino_of(fs: &Filesystem<MemoryStore>, path: &str) -> FsResult<Ino> {
+        let mut ino = ROOT_INO;
+        for part in path.split('/') {
+            ino = fs.lookup(ino, part).await?.ino;
+        }
+        Ok(ino)
+    }
+
+    async fn parent_and_name<'a>(fs: &Filesystem<MemoryStore>, path: &'a str) -> (Ino, &'a str) {
+        match path.rsplit_once('/') {
+            None => (ROOT_INO, path),
+            Some((d, n)) => (ino_of(fs, d).await.unwrap(), n),
+        }
+    }
+
+    async fn pwrite(
+        fs: &Filesystem<MemoryStore>,
+        path: &str,
+        exists: bool,
+        offset: u64,
+        data: &[u8],
+    ) {
+        let fh = if exists {
+            let ino = ino_of(fs, path).await.unwrap();
+            fs.open(ino, W).await.unwrap().fh
+        } else {
+            let (parent, name) = parent_and_name(fs, path).await;
+            fs.create(parent, name).await.unwrap().1.fh
+        };
+        fs.write(fh, offset, data).await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await;
+    }
+
+    async fn apply(fs: &Filesystem<MemoryStore>, m: &mut Model, op: &Op) {
+        match *op {
+            Op::Write {
+                file,
+                offset,
+                len,
+                byte,
+            } => {
+                let path = FILES[file];
+                if !m.parent_exists(path) {
+                    return;
+                }
+                let exists = m.files.contains_key(path);
+                let data = vec![byte; len as usize];
+                pwrite(fs, path, exists, u64::from(offset), &data).await;
+                let f = m.files.entry(path.to_string()).or_default();
+                let end = offset as usize + data.len();
+                if f.len() < end {
+                    f.resize(end, 0);
+                }
+                f[offset as usize..end].copy_from_slice(&data);
+            }
+            Op::Append { file, len, byte } => {
+                let path = FILES[file];
+                let Some(cur) = m.files.get(path).map(Vec::len) else {
+                    return;
+                };
+                let data = vec![byte; len as usize];
+                pwrite(fs, path, true, cur as u64, &data).await;
+                m.files.get_mut(path).unwrap().extend_from_slice(&data);
+            }
+            Op::Truncate { file, len } => {
+                let path = FILES[file];
+                if !m.files.contains_key(path) {
+                    return;
+                }
+                let ino = ino_of(fs, path).await.unwrap();
+                fs.setattr(ino, Some(u64::from(len)), None, None)
+                    .await
+                    .unwrap();
+                m.files.get_mut(path).unwrap().resize(len as usize, 0);
+            }
+            Op::Rename { from, to } => {
+                let (src, dst) = (FILES[from], FILES[to]);
+                if src == dst || !m.files.contains_key(src) || !m.parent_exists(dst) {
+                    return;
+                }
+                let (p1, n1) = parent_and_name(fs, src).await;
+                let (p2, n2) = parent_and_name(fs, dst).await;
+                fs.rename(p1, n1, p2, n2).await.unwrap();
+                let data = m.files.remove(src).unwrap();
+                m.files.insert(dst.to_string(), data);
+            }
+            Op::Unlink { file } => {
+                let path = FILES[file];
+                let (parent, name) = match path.rsplit_once('/') {
+                    Some((d, _)) if !m.dirs.iter().any(|x| x == d) => return,
+                    _ => parent_and_name(fs, path).await,
+                };
+                let r = fs.unlink(parent, name).await;
+                if m.files.remove(path).is_some() {
+                    r.unwrap();
+                } else {
+                    assert_eq!(r.unwrap_err(), FsError::NotFound);
+                }
+            }
+            Op::Mkdir { dir } => {
+                let d = DIRS[dir];
+                let r = fs.mkdir(ROOT_INO, d).await;
+                if m.dirs.iter().any(|x| x == d) {
+                    assert_eq!(r.unwrap_err(), FsError::Exists);
+                } else {
+                    r.unwrap();
+                    m.dirs.push(d.to_string());
+                }
+            }
+            Op::Rmdir { dir } => {
+                let d = DIRS[dir];
+                if !m.dirs.iter().any(|x| x == d) {
+                    return;
+                }
+                let r = fs.rmdir(ROOT_INO, d).await;
+                if m.dir_empty(d) {
+                    r.unwrap();
+                    m.dirs.retain(|x| x != d);
+                } else {
+                    assert_eq!(r.unwrap_err(), FsError::NotEmpty);
+                }
+            }
+            Op::Fsync { file } => {
+                let path = FILES[file];
+                if !m.files.contains_key(path) {
+                    return;
+                }
+                let ino = ino_of(fs, path).await.unwrap();
+                let fh = fs.open(ino, W).await.unwrap().fh;
+                fs.fsync(fh).await.unwrap();
+                fs.release(fh).await;
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+        #[test]
+        fn bucket_matches_the_model(ops in proptest::collection::vec(op(), 1..40), delay_ms in prop_oneof![Just(0u64), Just(5), Just(1000)]) {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            rt.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let store = Arc::new(MemoryStore::new());
+                let mut cfg = MountConfig::new("bkt");
+                cfg.stat_ttl = Duration::from_secs(3600);
+                let fs = Filesystem::with_write(store.clone(), cfg, wcfg(dir.path(), delay_ms)).unwrap();
+                                let mut m = Model::default();
+                let run = async {
+                    for op in &ops {
+                        apply(&fs, &mut m, op).await;
+                    }
+                    fs.drain(false).await
+                };
+                let left = tokio::time::timeout(Duration::from_secs(20), run).await;
+                prop_assert_eq!(left, Ok(0), "operations or the drain hung");
+                let mut want: BTreeMap<String, Vec<u8>> = m.files.clone();
+                for d in &m.dirs {
+                    want.insert(format!("{d}/"), Vec::new());
+                }
+                let got: BTreeMap<String, Vec<u8>> =
+                    store.keys().into_iter().map(|k| { let v = store.object_bytes(&k).unwrap().to_vec(); (k, v) }).collect();
+                prop_assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+                                for (k, v) in &want {
+                    let first_diff = got[k].iter().zip(v.iter()).position(|(a, b)| a != b);
+                    prop_assert!(
+                        got[k] == *v,
+                        "content of {}: bucket {} bytes, model {} bytes, first difference at {:?}",
+                        k, got[k].len(), v.len(), first_diff
+                    );
+                }
+                Ok(())
+            })?;
+        }
+    }
+}

@@ -58,6 +58,12 @@ impl StagingFile {
         &self.path
     }
 
+    /// Another descriptor on the same file, for an upload: it stays valid even if the staging
+    /// file is removed meanwhile.
+    pub fn clone_file(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
     pub fn size(&self) -> u64 {
         self.size
     }

@@ -104,8 +104,12 @@ struct Item {
     uploaded: u64,
     handles: u32,
     unlinked: bool,
+    /// Dropped from the engine (in the bucket, no handles): never reused.
+    retired: bool,
     due: Option<Instant>,
     scheduled: bool,
+    /// An upload attempt is in flight (it holds no lock while it runs).
+    uploading: bool,
     failures: u32,
     /// The state last written to the journal, reused by resumed uploads.
     state: UploadState,
@@ -116,6 +120,11 @@ struct Item {
 struct Progress {
     uploaded: u64,
     error: Option<String>,
+    /// Bumped at the end of every attempt, so waiters wake even when nothing else changed.
+    attempts: u64,
+    /// The version the failed attempt was uploading; older failures do not concern a waiter
+    /// for a newer version.
+    failed_version: u64,
 }
 
 struct Shared {
@@ -212,8 +221,10 @@ impl<S: ObjectStore> WriteBack<S> {
                 uploaded: 0,
                 handles: 0,
                 unlinked: false,
+                retired: false,
                 due: Some(Instant::now()),
                 scheduled: false,
+                uploading: false,
                 failures: 0,
                 state: rec.state.clone(),
             };
@@ -240,7 +251,7 @@ impl<S: ObjectStore> WriteBack<S> {
         let existing = self.by_key.lock().get(key).cloned();
         if let Some(shared) = existing {
             let mut it = shared.item.lock().await;
-            if !it.unlinked {
+            if !it.unlinked && !it.retired {
                 it.handles += 1;
                 if truncate && it.staging.size() > 0 {
                     it.staging.truncate(0)?;
@@ -270,8 +281,10 @@ impl<S: ObjectStore> WriteBack<S> {
             uploaded: 0,
             handles: 1,
             unlinked: false,
+            retired: false,
             due: None,
             scheduled: false,
+            uploading: false,
             failures: 0,
             state: UploadState::Staged,
         };
@@ -528,7 +541,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 if p.uploaded >= target {
                     return Ok(());
                 }
-                if let Some(e) = &p.error {
+                if let Some(e) = p.error.as_ref().filter(|_| p.failed_version >= target) {
                     return Err(FsError::Io(format!("upload failed, file kept staged: {e}")));
                 }
             }
@@ -549,6 +562,7 @@ impl<S: ObjectStore> WriteBack<S> {
     fn retire_if_settled(&self, shared: &Arc<Shared>, it: &mut Item) {
         let settled = it.unlinked || (it.version == it.uploaded && it.durable == it.uploaded);
         if it.handles == 0 && settled && !it.scheduled {
+            it.retired = true;
             let mut map = self.by_key.lock();
             // Only this item's entry: a newer item may already have taken the name.
             if map.get(&it.key).is_some_and(|s| Arc::ptr_eq(s, shared)) {
@@ -562,14 +576,42 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// The file was deleted: forget its pending upload and staged data.
+    /// Waits until no upload attempt of `shared` is in flight. Namespace changes call this
+    /// first, so an upload that started before them cannot land after them.
+    async fn wait_idle(shared: &Arc<Shared>) {
+        let mut rx = shared.progress.subscribe();
+        loop {
+            if !shared.item.lock().await.uploading {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Waits for any in-flight upload of `key` to end, so the bucket holds what that attempt
+    /// wrote before a namespace change reads it.
+    pub async fn settle(&self, key: &str) {
+        let shared = self.by_key.lock().get(key).cloned();
+        if let Some(shared) = shared {
+            Self::wait_idle(&shared).await;
+        }
+    }
+
+    /// The file was deleted: forget its pending upload and staged data. Returns once no upload
+    /// of it is in flight, so the caller can delete what is in the bucket.
     pub async fn unlink(&self, key: &str) -> bool {
         let Some(shared) = self.by_key.lock().remove(key) else {
             return false;
         };
-        let mut it = shared.item.lock().await;
-        it.unlinked = true;
-        let _ = self.journal.remove(it.id);
+        {
+            let mut it = shared.item.lock().await;
+            it.unlinked = true;
+            let _ = self.journal.remove(it.id);
+        }
+        Self::wait_idle(&shared).await;
+        let it = shared.item.lock().await;
         if it.handles == 0 {
             let _ = std::fs::remove_file(it.staging.path());
         }
@@ -645,7 +687,18 @@ impl<S: ObjectStore> WriteBack<S> {
                         continue;
                     }
                 }
-                let file = match std::fs::File::open(it.staging.path()) {
+                if it.version != it.durable && it.handles > 0 {
+                    // Being written right now: an upload would race the writer and fail its
+                    // checksum. The next close commits and moves the due time.
+                    it.due = Some(
+                        Instant::now() + self.cfg.write_back_delay.max(Duration::from_millis(10)),
+                    );
+                    drop(it);
+                    tokio::time::sleep(self.cfg.write_back_delay.max(Duration::from_millis(10)))
+                        .await;
+                    continue;
+                }
+                let file = match it.staging.clone_file() {
                     Ok(f) => f,
                     Err(e) => {
                         tracing::error!(key = %it.key, error = %e, "staged data unreadable; upload paused");
@@ -674,6 +727,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     opts,
                     crc32c: it.crc32c,
                 };
+                it.uploading = true;
                 (
                     job,
                     UploadSource::new(file, it.staging.size()),
@@ -704,6 +758,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 .uploading_files
                 .fetch_sub(1, Ordering::Relaxed);
             let mut it = shared.item.lock().await;
+            it.uploading = false;
             match result {
                 Ok(outcome) => {
                     let meta = match outcome {
@@ -730,9 +785,10 @@ impl<S: ObjectStore> WriteBack<S> {
                         let _ = self.journal.remove(it.id);
                     }
                     (self.on_settled)(&it.key, meta.as_ref());
-                    shared.progress.send_replace(Progress {
-                        uploaded: version,
-                        error: None,
+                    shared.progress.send_modify(|p| {
+                        p.uploaded = version;
+                        p.error = None;
+                        p.attempts += 1;
                     });
                 }
                 Err(e) => {
@@ -749,10 +805,10 @@ impl<S: ObjectStore> WriteBack<S> {
                         .min(Duration::from_secs(300));
                     tracing::warn!(key = %it.key, error = %e, retry_in = ?backoff, "upload failed; the file stays staged and will be retried");
                     it.due = Some(Instant::now() + backoff);
-                    let uploaded = shared.progress.borrow().uploaded;
-                    shared.progress.send_replace(Progress {
-                        uploaded,
-                        error: Some(e.to_string()),
+                    shared.progress.send_modify(|p| {
+                        p.error = Some(e.to_string());
+                        p.failed_version = version;
+                        p.attempts += 1;
                     });
                 }
             }
