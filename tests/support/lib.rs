@@ -310,6 +310,14 @@ impl Mount {
         if is_mounted(self.path()) {
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
         }
+        if !clean {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("bucketdrive log (last lines):");
+            for line in tail.iter().rev() {
+                eprintln!("  {line}");
+            }
+        }
         let _ = std::fs::remove_file(&self.log);
         if clean {
             Ok(())

@@ -702,6 +702,9 @@ impl<S: ObjectStore> WriteBack<S> {
                     Ok(f) => f,
                     Err(e) => {
                         tracing::error!(key = %it.key, error = %e, "staged data unreadable; upload paused");
+                        // Counted as a failure, so a drain at unmount does not wait for it.
+                        it.failures += 1;
+                        self.counters.failures.fetch_add(1, Ordering::Relaxed);
                         it.scheduled = false;
                         return;
                     }
