@@ -1,5 +1,6 @@
 //! `bucketdrive`: mount a Google Cloud Storage bucket with FUSE.
 
+mod control;
 mod daemon;
 mod fuse;
 mod mount;
@@ -28,6 +29,13 @@ enum Command {
     Mount(Box<MountArgs>),
     /// Unmount a bucketdrive mount.
     Unmount { mountpoint: PathBuf },
+    /// Show what a mount has staged, is uploading, and has uploaded.
+    Status {
+        mountpoint: PathBuf,
+        /// Block until nothing is pending, with a progress bar on a terminal.
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 /// Options of `bucketdrive mount`.
@@ -131,6 +139,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Mount(args) => mount::run(*args),
+        Command::Status { mountpoint, wait } => match control::status_command(&mountpoint, wait) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bucketdrive: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Unmount { mountpoint } => match mount::unmount(&mountpoint) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -160,13 +160,13 @@ fn serve(
     let uid = cfg.uid;
     let gid = cfg.gid;
     let store = Arc::new(store);
+    let cache_dir = args.cache_dir.clone().unwrap_or_else(|| {
+        fs_core::write::cache_dir::default_cache_dir(&bucket, &prefix, mountpoint)
+    });
     let fs = if args.read_only {
         Filesystem::new(store, cfg)
     } else {
-        let cache_dir = args.cache_dir.clone().unwrap_or_else(|| {
-            fs_core::write::cache_dir::default_cache_dir(&bucket, &prefix, mountpoint)
-        });
-        let mut w = WriteConfig::new(cache_dir);
+        let mut w = WriteConfig::new(cache_dir.clone());
         w.write_back_delay = args.write_back_delay;
         w.upload_on_close = args.upload_on_close;
         w.files_concurrency = args.upload_files_concurrency;
@@ -228,6 +228,17 @@ fn serve(
         }
     });
 
+    let _control = if fs.is_read_only() {
+        None
+    } else {
+        match crate::control::serve(&rt, fs.clone(), &cache_dir, mountpoint) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("no status socket: {e}");
+                None
+            }
+        }
+    };
     tracing::info!(mountpoint = %mountpoint.display(), bucket = %bucket, "mounted");
     readiness.ready();
     let result = session.run();

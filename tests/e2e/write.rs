@@ -271,3 +271,43 @@ fn a_crash_loses_nothing_that_was_closed() -> Result<()> {
     }
     m.unmount()
 }
+
+#[test]
+fn status_wait_returns_when_everything_is_in_the_bucket() -> Result<()> {
+    let emu = setup("status")?;
+    let m = Mount::new(&emu, "status", &["--write-back-delay", "2s"])?;
+    let mut want = Vec::new();
+    for i in 0..20 {
+        let data = random_bytes(10_000 + i * 1000, 900 + i as u64);
+        std::fs::write(m.path().join(format!("s{i}")), &data)?;
+        want.push((format!("s{i}"), sha256(&data)));
+    }
+    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
+        .arg("status")
+        .arg(m.path())
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    assert!(text.contains("pending:   20 files"), "{text}");
+    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
+        .arg("status")
+        .arg("--wait")
+        .arg(m.path())
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    assert!(text.contains("pending:   0 files"), "{text}");
+    // No polling: everything is there the moment `status --wait` returns.
+    for (name, sha) in &want {
+        assert_eq!(&sha256(&emu.get("status", name)?), sha, "{name}");
+    }
+    m.unmount()
+}

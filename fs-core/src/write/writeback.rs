@@ -72,7 +72,7 @@ pub struct Counters {
 }
 
 /// A snapshot of the engine for `status`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Status {
     /// Files changed and not yet in the bucket, and their bytes.
     pub pending_files: u64,

@@ -1,0 +1,176 @@
+//! The control socket: how `bucketdrive status` talks to a running mount.
+//!
+//! The daemon listens on `<cache-dir>/control.sock` (mode 0600, in a 0700 directory, so only
+//! the mount's owner can ask), and links it from a per-user registry named after the
+//! mountpoint, so the CLI finds it from the mountpoint alone. One request, one JSON line back.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fs_core::store::ObjectStore;
+use fs_core::write::writeback::Status;
+use fs_core::Filesystem;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+/// Where links to the control sockets of this user's mounts live.
+fn registry_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("bucketdrive-{}", unsafe { libc::geteuid() }))
+        })
+        .join("bucketdrive")
+}
+
+fn registry_link(mountpoint: &Path) -> PathBuf {
+    let tag = crc32c::crc32c(mountpoint.as_os_str().as_encoded_bytes());
+    registry_dir().join(format!("{tag:08x}.sock"))
+}
+
+/// A listening control socket; removed with its registry link on drop.
+pub struct ControlSocket {
+    socket: PathBuf,
+    link: PathBuf,
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.link);
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Starts answering status requests for `fs` on `<cache_dir>/control.sock`.
+pub fn serve<S: ObjectStore>(
+    rt: &tokio::runtime::Runtime,
+    fs: Arc<Filesystem<S>>,
+    cache_dir: &Path,
+    mountpoint: &Path,
+) -> std::io::Result<ControlSocket> {
+    let socket = cache_dir.join("control.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::UnixListener::bind(&socket)?
+    };
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    let dir = registry_dir();
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    let link = registry_link(mountpoint);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&socket, &link)?;
+    rt.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let fs = fs.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = stream.into_split();
+                let mut line = String::new();
+                if tokio::io::BufReader::new(r)
+                    .read_line(&mut line)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let status = fs.write_status().await;
+                let mut out = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
+                out.push('\n');
+                let _ = w.write_all(out.as_bytes()).await;
+            });
+        }
+    });
+    Ok(ControlSocket { socket, link })
+}
+
+/// Asks the mount at `mountpoint` for its status.
+pub fn query(mountpoint: &Path) -> Result<Status, String> {
+    let abs = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let link = registry_link(&abs);
+    let mut stream = UnixStream::connect(&link).map_err(|e| {
+        format!(
+            "no bucketdrive mount with a status socket at {} ({e}); is it mounted writable?",
+            abs.display()
+        )
+    })?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    stream.write_all(b"status\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&line).map_err(|e| format!("bad status reply: {e}"))
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+/// `bucketdrive status MOUNTPOINT [--wait]`.
+pub fn status_command(mountpoint: &Path, wait: bool) -> Result<(), String> {
+    let first = query(mountpoint)?;
+    if !wait {
+        print_status(&first, None);
+        return Ok(());
+    }
+    let started = Instant::now();
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = indicatif::ProgressBar::new(first.pending_bytes.max(1));
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let total = first.pending_bytes;
+    loop {
+        let s = query(mountpoint)?;
+        if let Some(b) = &bar {
+            b.set_position(total.saturating_sub(s.pending_bytes));
+            b.set_message(format!("{} files pending", s.pending_files));
+        }
+        if s.pending_files == 0 && s.uploading_files == 0 {
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            let secs = started.elapsed().as_secs_f64();
+            let rate =
+                (s.uploaded_bytes.saturating_sub(first.uploaded_bytes)) as f64 / secs.max(0.001);
+            print_status(&s, Some(rate));
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn print_status(s: &Status, rate: Option<f64>) {
+    println!(
+        "pending:   {} files, {:.1} MiB",
+        s.pending_files,
+        mib(s.pending_bytes)
+    );
+    println!("uploading: {} files", s.uploading_files);
+    println!(
+        "uploaded:  {} files, {:.1} MiB since mount",
+        s.uploaded_files,
+        mib(s.uploaded_bytes)
+    );
+    if let Some(r) = rate {
+        println!(
+            "throughput: {:.1} MiB/s while waiting",
+            r / (1024.0 * 1024.0)
+        );
+    }
+    println!("conflicts: {}", s.conflicts);
+    println!("failures:  {}", s.failures);
+}
