@@ -553,9 +553,23 @@ impl<S: ObjectStore> Filesystem<S> {
     async fn rename_file(&self, from: &str, to: &str) -> FsResult<()> {
         let w = self.writer()?;
         let (src_key, dst_key) = (self.ns.key_of(from), self.ns.key_of(to));
-        // Uploads already in flight land first; the copy then takes what they wrote.
-        w.settle(&src_key).await;
-        w.settle(&dst_key).await;
+        // No upload of either name may start or land while the rename runs.
+        let paused = (w.pause(&src_key).await, w.pause(&dst_key).await);
+        let result = self.rename_file_paused(from, to, &src_key, &dst_key).await;
+        w.resume(paused.0).await;
+        w.resume(paused.1).await;
+        result
+    }
+
+    async fn rename_file_paused(
+        &self,
+        from: &str,
+        to: &str,
+        src_key: &str,
+        dst_key: &str,
+    ) -> FsResult<()> {
+        let w = self.writer()?;
+        let (src_key, dst_key) = (src_key.to_string(), dst_key.to_string());
         let src_meta = match self.ns.resolve(from).await {
             Ok(Entry::File(m)) => Some(m),
             Ok(Entry::Dir) => return Err(FsError::IsDir),

@@ -311,3 +311,51 @@ fn status_wait_returns_when_everything_is_in_the_bucket() -> Result<()> {
     }
     m.unmount()
 }
+
+/// A small tmpfs as the cache disk: a write that does not fit gets ENOSPC, files already
+/// closed are not lost, and the mount works again once space is free.
+#[test]
+fn a_full_cache_disk_gives_enospc_and_loses_nothing() -> Result<()> {
+    let emu = setup("cachefull")?;
+    let cache = tempfile::tempdir()?;
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(cache.path())
+        .status()?;
+    anyhow::ensure!(ok.success(), "cannot mount a tmpfs for the cache");
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _tmpfs = Unmount(cache.path());
+    let m = Mount::with_cache(
+        &emu,
+        "cachefull",
+        cache.path(),
+        &["--write-back-delay", "1h"],
+    )?;
+    let kept = random_bytes(3 * MIB, 77);
+    std::fs::write(m.path().join("kept"), &kept)?;
+    // Too big for what is left of the cache disk.
+    let big = random_bytes(12 * MIB, 78);
+    let err = std::fs::write(m.path().join("big"), &big).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    // The file closed earlier is intact and still goes up.
+    assert_eq!(
+        sha256(&std::fs::read(m.path().join("kept"))?),
+        sha256(&kept)
+    );
+    let _ = std::fs::remove_file(m.path().join("big"));
+    // fsync pushes it up now, whatever the write-back delay.
+    std::fs::File::open(m.path().join("kept"))?.sync_all()?;
+    assert_eq!(sha256(&emu.get("cachefull", "kept")?), sha256(&kept));
+    // Space is free again: writing works.
+    let mut f = std::fs::File::create(m.path().join("after"))?;
+    f.write_all(b"works again")?;
+    f.sync_all()?;
+    drop(f);
+    assert_eq!(emu.get("cachefull", "after")?, b"works again");
+    m.unmount()
+}

@@ -110,6 +110,8 @@ struct Item {
     scheduled: bool,
     /// An upload attempt is in flight (it holds no lock while it runs).
     uploading: bool,
+    /// Namespace changes in progress on this file; no upload attempt starts meanwhile.
+    paused: u32,
     failures: u32,
     /// The state last written to the journal, reused by resumed uploads.
     state: UploadState,
@@ -130,6 +132,8 @@ struct Progress {
 struct Shared {
     item: tokio::sync::Mutex<Item>,
     progress: watch::Sender<Progress>,
+    /// Wakes the item's upload task when its due time moves earlier (fsync, drain).
+    wake: tokio::sync::Notify,
 }
 
 /// A handle on one item, held by open files.
@@ -225,12 +229,14 @@ impl<S: ObjectStore> WriteBack<S> {
                 due: Some(Instant::now()),
                 scheduled: false,
                 uploading: false,
+                paused: 0,
                 failures: 0,
                 state: rec.state.clone(),
             };
             let shared = Arc::new(Shared {
                 item: tokio::sync::Mutex::new(item),
                 progress: watch::channel(Progress::default()).0,
+                wake: tokio::sync::Notify::new(),
             });
             self.by_key.lock().insert(rec.key.clone(), shared.clone());
             tracing::info!(key = %rec.key, size = rec.size, "replaying a staged file from the journal");
@@ -285,12 +291,14 @@ impl<S: ObjectStore> WriteBack<S> {
             due: None,
             scheduled: false,
             uploading: false,
+            paused: 0,
             failures: 0,
             state: UploadState::Staged,
         };
         let shared = Arc::new(Shared {
             item: tokio::sync::Mutex::new(item),
             progress: watch::channel(Progress::default()).0,
+            wake: tokio::sync::Notify::new(),
         });
         self.by_key.lock().insert(key.to_string(), shared.clone());
         Ok(ItemRef(shared))
@@ -590,12 +598,23 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// Waits for any in-flight upload of `key` to end, so the bucket holds what that attempt
-    /// wrote before a namespace change reads it.
-    pub async fn settle(&self, key: &str) {
-        let shared = self.by_key.lock().get(key).cloned();
-        if let Some(shared) = shared {
-            Self::wait_idle(&shared).await;
+    /// Stops new upload attempts of `key` and waits for any in flight to end, so a namespace
+    /// change sees the bucket as the uploads left it and no upload lands after it under the old
+    /// name. Must be followed by [`Self::resume`].
+    pub async fn pause(&self, key: &str) -> Option<ItemRef> {
+        let shared = self.by_key.lock().get(key).cloned()?;
+        shared.item.lock().await.paused += 1;
+        Self::wait_idle(&shared).await;
+        Some(ItemRef(shared))
+    }
+
+    /// Ends a [`Self::pause`].
+    pub async fn resume(&self, item: Option<ItemRef>) {
+        if let Some(item) = item {
+            let mut it = item.0.item.lock().await;
+            it.paused = it.paused.saturating_sub(1);
+            drop(it);
+            item.0.wake.notify_one();
         }
     }
 
@@ -660,6 +679,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 it.due = Some(Instant::now());
             }
             if it.scheduled {
+                if now {
+                    shared.wake.notify_one();
+                }
                 return;
             }
             it.scheduled = true;
@@ -679,11 +701,20 @@ impl<S: ObjectStore> WriteBack<S> {
                     self.retire_if_settled(&shared, &mut it);
                     return;
                 }
+                if it.paused > 0 {
+                    let resumed = shared.wake.notified();
+                    drop(it);
+                    resumed.await;
+                    continue;
+                }
                 if let Some(due) = it.due {
                     let now = Instant::now();
                     if due > now {
                         drop(it);
-                        tokio::time::sleep(due - now).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep(due - now) => {}
+                            _ = shared.wake.notified() => {}
+                        }
                         continue;
                     }
                 }
@@ -693,9 +724,6 @@ impl<S: ObjectStore> WriteBack<S> {
                     it.due = Some(
                         Instant::now() + self.cfg.write_back_delay.max(Duration::from_millis(10)),
                     );
-                    drop(it);
-                    tokio::time::sleep(self.cfg.write_back_delay.max(Duration::from_millis(10)))
-                        .await;
                     continue;
                 }
                 let file = match it.staging.clone_file() {
