@@ -275,7 +275,7 @@ impl Mount {
             child.kill()?;
             child.wait()?;
         }
-                let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
         let _ = std::fs::remove_file(&self.log);
         anyhow::ensure!(!is_mounted(self.path()), "stale mount left behind");
         Ok(())
