@@ -319,30 +319,17 @@ impl<S: ObjectStore> WriteBack<S> {
         })
     }
 
-    /// Keys being written directly under `prefix` (a directory), with their attributes.
+    /// Keys being written directly under `prefix` (a directory), as names with their
+    /// attributes.
     pub async fn local_children(&self, prefix: &str) -> Vec<(String, LocalAttr)> {
-        let items: Vec<(String, Arc<Shared>)> = self
-            .by_key
-            .lock()
-            .iter()
-            .filter(|(k, _)| {
-                k.strip_prefix(prefix)
-                    .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
+        self.local_under(prefix)
+            .await
+            .into_iter()
+            .filter_map(|(k, a)| {
+                let name = &k[prefix.len()..];
+                (!name.is_empty() && !name.contains('/')).then(|| (name.to_string(), a))
             })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut out = Vec::with_capacity(items.len());
-        for (k, shared) in items {
-            let it = shared.item.lock().await;
-            out.push((
-                k[prefix.len()..].to_string(),
-                LocalAttr {
-                    size: it.staging.size(),
-                    mtime: it.mtime,
-                },
-            ));
-        }
-        out
+            .collect()
     }
 
     /// Keys being written at any depth under `prefix`.
