@@ -101,6 +101,18 @@ impl From<StoreError> for FsError {
     }
 }
 
+impl FsError {
+    /// The error for a read pinned to a generation: `NotFound` there means the generation
+    /// vanished (the object was replaced or deleted while open), which is `Stale`.
+    pub fn from_pinned_read(e: StoreError) -> FsError {
+        if e.kind == StoreErrorKind::NotFound {
+            FsError::Stale
+        } else {
+            e.into()
+        }
+    }
+}
+
 impl From<std::io::Error> for FsError {
     fn from(e: std::io::Error) -> Self {
         match e.raw_os_error() {

@@ -411,13 +411,13 @@ impl<S: ObjectStore> Reader<S> {
     }
 
     fn map_err(&self, e: StoreError) -> FsError {
-        if e.kind == StoreErrorKind::NotFound {
+        let err = FsError::from_pinned_read(e.clone());
+        if err == FsError::Stale {
             tracing::warn!(key = %self.key, generation = self.generation, "generation vanished while open: the object was replaced or deleted");
-            FsError::Stale
         } else {
             tracing::error!(key = %self.key, error = %e, "read failed");
-            e.into()
         }
+        err
     }
 }
 

@@ -31,9 +31,7 @@ use super::staging::StagingFile;
 use super::upload::{upload, Outcome, UploadConfig, UploadJob, UploadSource};
 use crate::error::{FsError, FsResult};
 use crate::namespace::SettleHook;
-use crate::store::{
-    read_range, ObjectMeta, ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY,
-};
+use crate::store::{read_range, ObjectMeta, ObjectStore, Precondition, WriteOptions, MTIME_KEY};
 
 /// Write-path settings.
 #[derive(Debug, Clone)]
@@ -452,13 +450,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 let end = (pos + (8 << 20)).min(gap.end);
                 let data = read_range(self.store.as_ref(), &base_key, generation, pos..end)
                     .await
-                    .map_err(|e| {
-                        if e.kind == StoreErrorKind::NotFound {
-                            FsError::Stale
-                        } else {
-                            FsError::from(e)
-                        }
-                    })?;
+                    .map_err(FsError::from_pinned_read)?;
                 it.staging.fill(pos, &data)?;
                 pos = end;
             }
