@@ -66,6 +66,16 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// Object names are UTF-8: a name that is not cannot exist in the bucket (`ENOENT` when it
+/// must already exist) and cannot be created there (`EINVAL`).
+fn utf8_name(name: &OsStr, creating: bool) -> Result<String, fuser::Errno> {
+    name.to_str().map(str::to_owned).ok_or(if creating {
+        fuser::Errno::EINVAL
+    } else {
+        fuser::Errno::ENOENT
+    })
+}
+
 /// Inode numbers are never reused within a mount, so the FUSE generation can stay 0.
 const GENERATION: Generation = Generation(0);
 
@@ -89,9 +99,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        // Object names are UTF-8; a name that is not cannot exist in the bucket.
-        let Some(name) = name.to_str().map(str::to_owned) else {
-            return reply.error(fuser::Errno::ENOENT);
+        let name = match utf8_name(name, false) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
         };
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.rt.spawn(async move {
@@ -157,8 +167,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let Some(name) = name.to_str().map(str::to_owned) else {
-            return reply.error(fuser::Errno::EINVAL);
+        let name = match utf8_name(name, true) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
         };
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.rt.spawn(async move {
@@ -170,8 +181,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let Some(name) = name.to_str().map(str::to_owned) else {
-            return reply.error(fuser::Errno::ENOENT);
+        let name = match utf8_name(name, false) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
         };
         let fs = self.fs.clone();
         self.rt.spawn(async move {
@@ -183,8 +195,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let Some(name) = name.to_str().map(str::to_owned) else {
-            return reply.error(fuser::Errno::ENOENT);
+        let name = match utf8_name(name, false) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
         };
         let fs = self.fs.clone();
         self.rt.spawn(async move {
@@ -209,11 +222,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         if !flags.is_empty() {
             return reply.error(fuser::Errno::EINVAL);
         }
-        let (Some(name), Some(newname)) = (
-            name.to_str().map(str::to_owned),
-            newname.to_str().map(str::to_owned),
-        ) else {
-            return reply.error(fuser::Errno::EINVAL);
+        let (name, newname) = match (utf8_name(name, true), utf8_name(newname, true)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
         let fs = self.fs.clone();
         self.rt.spawn(async move {
@@ -484,8 +495,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let Some(name) = name.to_str().map(str::to_owned) else {
-            return reply.error(fuser::Errno::EINVAL);
+        let name = match utf8_name(name, true) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
         };
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.rt.spawn(async move {
