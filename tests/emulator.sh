@@ -15,6 +15,7 @@ command -v python3 >/dev/null || _need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || _need+=(python3-venv)
 command -v umount >/dev/null || _need+=(mount)
 command -v curl >/dev/null || _need+=(curl)
+command -v fio >/dev/null || _need+=(fio)
 if [ ${#_need[@]} -gt 0 ]; then _apt_install "${_need[@]}"; fi
 if [ ! -e /dev/fuse ]; then
   modprobe fuse 2>/dev/null || mknod -m 0666 /dev/fuse c 10 229 2>/dev/null || true
