@@ -185,7 +185,10 @@ impl<S: ObjectStore> Filesystem<S> {
     }
 
     pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        let (path, kind) = self.ns.inode_path(ino)?;
+        let (path, kind) = match self.ns.inode_path(ino) {
+            Ok(found) => found,
+            Err(e) => return self.ns.detached_attr(ino).ok_or(e),
+        };
         if kind == Kind::File {
             let key = self.ns.key_of(&path);
             if let Some(la) = self.local_attr(&key).await {
@@ -382,8 +385,12 @@ impl<S: ObjectStore> Filesystem<S> {
             }
             return self.getattr(ino).await;
         }
-        if size.is_none() && mtime.is_none() {
-            return self.getattr(ino).await;
+        let current = self.getattr(ino).await?;
+        // The kernel's write-back cache flushes an inode's times after writes and renames; a
+        // time the file already has (to the second, as stored) changes nothing.
+        let same_time = mtime.is_none_or(|t| same_second(t, current.mtime));
+        if size.is_none() && same_time {
+            return Ok(current);
         }
         let w = self.writer()?;
         let key = self.ns.key_of(&path);
@@ -402,6 +409,7 @@ impl<S: ObjectStore> Filesystem<S> {
                 let base = match self.ns.resolve(&path).await {
                     Ok(Entry::File(m)) => Some(m),
                     Ok(Entry::Dir) => return Err(FsError::IsDir),
+                    // Staged but not yet in the bucket (`getattr` above found it).
                     Err(FsError::NotFound) => None,
                     Err(e) => return Err(e),
                 };
@@ -494,6 +502,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Err(e) => return Err(e.into()),
         }
         self.ns.note_missing(&path);
+        self.ns.detach(&path);
         Ok(())
     }
 
@@ -524,6 +533,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Err(e) => return Err(e),
         }
         self.ns.note_missing(&path);
+        self.ns.detach(&path);
         Ok(())
     }
 
@@ -803,3 +813,13 @@ impl<S: ObjectStore> Filesystem<S> {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether two times fall in the same whole second (object metadata keeps mtimes to the second).
+fn same_second(a: SystemTime, b: SystemTime) -> bool {
+    let secs = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .ok()
+    };
+    secs(a) == secs(b)
+}

@@ -87,10 +87,14 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
+        // The write-back cache lets the kernel buffer writes in the page cache and send them in
+        // batches; it flushes them to us before every FLUSH (close) and FSYNC, so what those
+        // guarantee is unchanged. See docs/semantics.md for what it changes about sizes.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_WRITEBACK_CACHE;
         if let Err(missing) = config.add_capabilities(wanted) {
             let _ = config.add_capabilities(wanted & !missing);
         }

@@ -240,6 +240,19 @@ fn replaced_object_shows_new_content_after_ttl_and_is_never_mixed() -> Result<()
         sha256(&new),
         "after the stat TTL the new object is read whole"
     );
+    // Replacements of another size: the kernel caches file sizes, so each must show at its
+    // own size, neither clipped nor padded, and `stat` must agree.
+    for (i, len) in [(3u64, 30 * MIB), (4, 1000), (5, 0), (6, 5 * MIB)] {
+        let body = random_bytes(len, i);
+        emu.put("replace", "f", &body)?;
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            std::fs::metadata(&path)?.len(),
+            len as u64,
+            "stat after replace"
+        );
+        assert_eq!(sha256(&std::fs::read(&path)?), sha256(&body), "{len} bytes");
+    }
     m.unmount()
 }
 

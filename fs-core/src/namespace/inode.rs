@@ -4,6 +4,13 @@
 //! Numbers are never reused within a mount, so a stale kernel reference can never reach a
 //! different file. A path that changes kind (a file replaced by a directory of the same name)
 //! gets a new number, because the kernel must not see an inode change type.
+//!
+//! A file replaced in the bucket by someone else with a different size also gets a new number.
+//! With the write-back cache the kernel trusts its own size for a cached file inode and ignores
+//! the size we report, so the only way to show it the new size is a new inode. Each file inode
+//! remembers its *basis*: the generation and size the kernel's view was built from. Our own
+//! writes move the basis along (the kernel made those changes itself); a foreign change of size
+//! detaches the old number.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,9 +36,38 @@ pub struct Inode {
     pub lookups: u64,
     /// Latest metadata seen for a file.
     pub meta: Option<Arc<ObjectMeta>>,
+    /// Generation and size the kernel's view of this file was built from (generation 0: a
+    /// local file the kernel is writing).
+    pub basis: Option<(i64, u64)>,
     /// Generation served by the most recent open, to decide whether the kernel's page cache for
     /// this inode is still valid.
     pub last_open_generation: Option<i64>,
+    /// The name was unlinked or replaced: the kernel may still hold this number, but it no
+    /// longer names anything, so late requests on it (a deferred time update, say) must not
+    /// land on whatever now has the name.
+    pub detached: bool,
+}
+
+impl Inode {
+    /// Whether `m` is someone else's replacement of the object the kernel's view was built
+    /// from, with a different size.
+    pub fn resized_by_others(&self, m: &ObjectMeta) -> bool {
+        match self.basis {
+            Some((generation, size)) => {
+                generation > 0 && m.generation > 0 && m.generation != generation && m.size != size
+            }
+            None => false,
+        }
+    }
+
+    /// Records fresh metadata. `ours` says the change came through this mount, so the kernel
+    /// already has it; a local file (generation 0) is always ours.
+    pub fn observe(&mut self, m: &Arc<ObjectMeta>, ours: bool) {
+        if ours || m.generation == 0 || !self.resized_by_others(m) {
+            self.basis = Some((m.generation, m.size));
+        }
+        self.meta = Some(m.clone());
+    }
 }
 
 /// All inodes of one mount.
@@ -60,7 +96,9 @@ impl InodeTable {
             kind: Kind::Dir,
             lookups: 1,
             meta: None,
+            basis: None,
             last_open_generation: None,
+            detached: false,
         };
         t.by_ino.insert(ROOT_INO, root);
         t.by_path.insert(String::new(), ROOT_INO);
@@ -86,16 +124,19 @@ impl InodeTable {
     ) -> Ino {
         if let Some(&ino) = self.by_path.get(path) {
             if let Some(inode) = self.by_ino.get_mut(&ino) {
-                if inode.kind == kind {
-                    if meta.is_some() {
-                        inode.meta = meta;
+                if inode.kind == kind
+                    && !meta.as_deref().is_some_and(|m| inode.resized_by_others(m))
+                {
+                    if let Some(m) = &meta {
+                        inode.observe(m, false);
                     }
                     inode.lookups += add_lookups;
                     return ino;
                 }
             }
-            // Kind changed: detach the old number; the kernel will forget it in time.
-            self.by_path.remove(path);
+            // Kind or size changed behind our back: detach the old number; the kernel will
+            // forget it in time.
+            self.detach(path);
         }
         let ino = self.next;
         self.next += 1;
@@ -105,8 +146,10 @@ impl InodeTable {
                 path: path.to_string(),
                 kind,
                 lookups: add_lookups,
+                basis: meta.as_deref().map(|m| (m.generation, m.size)),
                 meta,
                 last_open_generation: None,
+                detached: false,
             },
         );
         self.by_path.insert(path.to_string(), ino);
@@ -129,11 +172,30 @@ impl InodeTable {
         }
         for (old, ino) in moved {
             let new = format!("{to}{}", &old[from.len()..]);
+            self.detach(&new);
             if let Some(i) = self.by_ino.get_mut(&ino) {
                 i.path = new.clone();
                 i.last_open_generation = None;
             }
             self.by_path.insert(new, ino);
+        }
+    }
+
+    /// `path` no longer names its inode (unlinked, or replaced by a rename).
+    pub fn detach(&mut self, path: &str) {
+        if let Some(ino) = self.by_path.remove(path) {
+            if let Some(i) = self.by_ino.get_mut(&ino) {
+                i.detached = true;
+            }
+        }
+    }
+
+    /// Our upload of `path` landed as `m`: the kernel's view now rests on that generation.
+    pub fn settled(&mut self, path: &str, m: &Arc<ObjectMeta>) {
+        if let Some(ino) = self.by_path.get(path) {
+            if let Some(i) = self.by_ino.get_mut(ino) {
+                i.observe(m, true);
+            }
         }
     }
 

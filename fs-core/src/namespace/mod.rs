@@ -58,7 +58,7 @@ pub struct DirEntry {
 pub struct Namespace<S: ObjectStore> {
     store: Arc<S>,
     cfg: Arc<MountConfig>,
-    inodes: Mutex<InodeTable>,
+    inodes: Arc<Mutex<InodeTable>>,
     cache: Arc<MetaCache>,
     /// Keys already reported as hidden by a directory, so each is logged once.
     shadow_logged: Cache<String, ()>,
@@ -76,7 +76,7 @@ impl<S: ObjectStore> Namespace<S> {
             shadow_logged: Cache::builder().max_capacity(10_000).build(),
             store,
             cfg,
-            inodes: Mutex::new(InodeTable::new()),
+            inodes: Arc::new(Mutex::new(InodeTable::new())),
             mount_time: SystemTime::now(),
         }
     }
@@ -112,8 +112,10 @@ impl<S: ObjectStore> Namespace<S> {
     /// Path and kind of an inode.
     pub fn inode_path(&self, ino: Ino) -> FsResult<(String, Kind)> {
         let t = self.inodes.lock();
-        let i = t.get(ino).ok_or(FsError::NotFound)?;
-        Ok((i.path.clone(), i.kind))
+        match t.get(ino) {
+            Some(i) if !i.detached => Ok((i.path.clone(), i.kind)),
+            _ => Err(FsError::NotFound),
+        }
     }
 
     fn attr_for(&self, ino: Ino, entry: &Entry) -> Attr {
@@ -223,7 +225,7 @@ impl<S: ObjectStore> Namespace<S> {
         match self.resolve(&path).await? {
             Entry::File(m) => {
                 if let Some(i) = self.inodes.lock().get_mut(ino) {
-                    i.meta = Some(m.clone());
+                    i.observe(&m, false);
                 }
                 Ok(self.attr_for(ino, &Entry::File(m)))
             }
@@ -244,9 +246,15 @@ impl<S: ObjectStore> Namespace<S> {
         };
         let mut t = self.inodes.lock();
         let inode = t.get_mut(ino).ok_or(FsError::NotFound)?;
+        if inode.resized_by_others(&meta) {
+            // The kernel would clip reads at the old size. ESTALE makes it look the name up
+            // again (LOOKUP_REVAL), which finds a new inode with the new size, and retry.
+            t.detach(&path);
+            return Err(FsError::Stale);
+        }
         let keep_cache = inode.last_open_generation == Some(meta.generation);
         inode.last_open_generation = Some(meta.generation);
-        inode.meta = Some(meta.clone());
+        inode.observe(&meta, false);
         Ok((meta, keep_cache))
     }
 
@@ -298,6 +306,25 @@ impl<S: ObjectStore> Namespace<S> {
         self.cache.invalidate_tree(path);
     }
 
+    /// Attributes of an inode whose name went away (unlinked or replaced), from what was last
+    /// seen of it: a descriptor still open on it can `fstat`, as on a local disk.
+    pub fn detached_attr(&self, ino: Ino) -> Option<Attr> {
+        let t = self.inodes.lock();
+        let i = t.get(ino).filter(|i| i.detached)?;
+        let entry = match (&i.meta, i.kind) {
+            (Some(m), Kind::File) => Entry::File(m.clone()),
+            (_, Kind::Dir) => Entry::Dir,
+            (None, Kind::File) => return None,
+        };
+        drop(t);
+        Some(self.attr_for(ino, &entry))
+    }
+
+    /// Nothing is at `path` any more (unlinked or removed): its inode stops answering to it.
+    pub fn detach(&self, path: &str) {
+        self.inodes.lock().detach(path);
+    }
+
     /// The inode at `from` is now at `to`.
     pub fn rename_inode(&self, from: &str, to: &str) {
         self.inodes.lock().rename(from, to);
@@ -307,13 +334,18 @@ impl<S: ObjectStore> Namespace<S> {
     /// object) or may have (with `None`).
     pub fn settle_hook(&self) -> SettleHook {
         let cache = self.cache.clone();
+        let inodes = self.inodes.clone();
         let prefix = self.cfg.prefix.clone();
         Arc::new(move |key: &str, meta: Option<&ObjectMeta>| {
             let Some(path) = key.strip_prefix(&prefix) else {
                 return;
             };
             match meta {
-                Some(m) => cache.insert(path, Entry::File(Arc::new(m.clone()))),
+                Some(m) => {
+                    let m = Arc::new(m.clone());
+                    inodes.lock().settled(path, &m);
+                    cache.insert(path, Entry::File(m));
+                }
                 None => cache.invalidate(path),
             }
         })

@@ -153,14 +153,31 @@ async fn replaced_object_is_seen_after_ttl_and_never_mixed() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let attr = fs.getattr(f.ino).await.unwrap();
     assert_eq!(attr.size, 50);
-    let h2 = fs.open(f.ino, OpenMode::default()).await.unwrap();
+    // The kernel keeps its own size for a cached inode, so the resized object gets a new one:
+    // opening the old inode says ESTALE (the kernel then looks the name up again).
+    assert_eq!(
+        fs.open(f.ino, OpenMode::default()).await.unwrap_err(),
+        FsError::Stale
+    );
+    let f2 = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_ne!(f2.ino, f.ino, "a resized object is a new inode");
+    // A descriptor still open on the old inode can fstat it.
+    assert!(fs.getattr(f.ino).await.is_ok());
+    let h2 = fs.open(f2.ino, OpenMode::default()).await.unwrap();
     assert!(
         !h2.keep_cache,
         "a new generation must drop the kernel's cached pages"
     );
     assert_eq!(fs.read(h2.fh, 0, 100).await.unwrap()[..], [2u8; 50]);
-    let h3 = fs.open(f.ino, OpenMode::default()).await.unwrap();
+    let h3 = fs.open(f2.ino, OpenMode::default()).await.unwrap();
     assert!(h3.keep_cache, "same generation keeps the page cache");
+    // A replacement of the same size keeps the inode; only the page cache goes.
+    store.insert("f", vec![3u8; 50]);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(fs.lookup(ROOT_INO, "f").await.unwrap().ino, f2.ino);
+    let h4 = fs.open(f2.ino, OpenMode::default()).await.unwrap();
+    assert!(!h4.keep_cache);
+    assert_eq!(fs.read(h4.fh, 0, 100).await.unwrap()[..], [3u8; 50]);
 }
 
 #[tokio::test]
