@@ -462,6 +462,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Err(e) => return Err(e.into()),
         }
         self.ns.note(&path, Entry::Dir);
+        self.ns.note_empty_dir(&path);
         Ok(self.ns.register(&path, &Entry::Dir, 1))
     }
 

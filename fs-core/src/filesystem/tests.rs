@@ -627,3 +627,64 @@ mod model {
         }
     }
 }
+
+/// Copying many new files into a directory we made, or one we listed, asks the bucket nothing
+/// per name; after the listing expires, one listing answers again for every name.
+#[tokio::test]
+async fn new_names_in_a_listed_directory_cost_no_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("listed/old", "x");
+    let mut cfg = MountConfig::new("bkt");
+    cfg.negative_ttl = Duration::from_millis(300);
+    let fs = Filesystem::with_write(store.clone(), cfg, wcfg(dir.path(), 0)).unwrap();
+    let reads = || {
+        let c = &store.counts;
+        c.head.load(std::sync::atomic::Ordering::SeqCst)
+            + c.list.load(std::sync::atomic::Ordering::SeqCst)
+    };
+
+    let made = fs.mkdir(ROOT_INO, "made").await.unwrap();
+    let before = reads();
+    for i in 0..50 {
+        let name = format!("f{i}");
+        assert_eq!(
+            fs.lookup(made.ino, &name).await.unwrap_err(),
+            FsError::NotFound
+        );
+        write_file(&fs, made.ino, &name, b"data").await;
+    }
+    assert_eq!(reads(), before, "no lookups went to the bucket");
+
+    let listed = fs.lookup(ROOT_INO, "listed").await.unwrap();
+    let fh = fs.opendir(listed.ino).await.unwrap();
+    let mut offset = 0;
+    while let Some(last) = fs.readdir(fh, offset).await.unwrap().last() {
+        offset = last.offset;
+    }
+    let before = reads();
+    assert_eq!(
+        fs.lookup(listed.ino, "missing").await.unwrap_err(),
+        FsError::NotFound
+    );
+    assert_eq!(fs.lookup(listed.ino, "old").await.unwrap().size, 1);
+    assert_eq!(reads(), before, "answered by the listing and the stat cache");
+
+    // Someone else adds a file; once the listing expires it is found by one new listing.
+    store.insert("listed/theirs", "yy");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(fs.lookup(listed.ino, "theirs").await.unwrap().size, 2);
+    let before = reads();
+    assert_eq!(
+        fs.lookup(listed.ino, "other").await.unwrap_err(),
+        FsError::NotFound
+    );
+    assert_eq!(reads(), before);
+
+    // Every file written is in the bucket, and visible by name after the upload.
+    fs.drain(false).await;
+    for i in 0..50 {
+        assert_eq!(store.object_bytes(&format!("made/f{i}")).unwrap(), &b"data"[..]);
+        assert_eq!(fs.lookup(made.ino, &format!("f{i}")).await.unwrap().size, 4);
+    }
+}

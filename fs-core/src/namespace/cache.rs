@@ -5,11 +5,20 @@
 //! absorbs the storms of failed lookups that shells, editors and Explorer make. Keys are paths
 //! relative to the mount. A fresh answer from the bucket always replaces what is cached, so a
 //! new generation drops everything known about the old one.
+//!
+//! A third cache holds *listed directories*: every name a directory had when it was last listed
+//! whole (or created empty by us), kept up to date with our own changes. For the negative TTL
+//! it answers "not there" for any other name in it, with no bucket request. That is what keeps
+//! `cp -r` or `tar x` of thousands of new files from paying a round trip per file just to learn
+//! that the name is free. A name it does hold still goes to the stat cache or the bucket, so an
+//! evicted stat entry can never turn into a wrong "not there".
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use moka::sync::Cache;
+use parking_lot::Mutex;
 
 use crate::store::ObjectMeta;
 
@@ -24,6 +33,19 @@ pub enum Entry {
 pub struct MetaCache {
     stat: Cache<String, Entry>,
     negative: Cache<String, ()>,
+    /// Directory path -> every name in it.
+    listed: Cache<String, Arc<Mutex<HashSet<String>>>>,
+    /// Directories listed within the stat TTL: worth listing again when `listed` expires,
+    /// rather than asking the bucket about each name.
+    recent: Cache<String, ()>,
+}
+
+/// Splits a path into its directory and its last component.
+fn split(path: &str) -> (&str, &str) {
+    match path.rfind('/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => ("", path),
+    }
 }
 
 impl MetaCache {
@@ -38,7 +60,37 @@ impl MetaCache {
                 .time_to_live(negative_ttl.max(Duration::from_nanos(1)))
                 .support_invalidation_closures()
                 .build(),
+            listed: Cache::builder()
+                .max_capacity(capacity)
+                .weigher(|_, names: &Arc<Mutex<HashSet<String>>>| {
+                    u32::try_from(names.lock().len() + 1).unwrap_or(u32::MAX)
+                })
+                .time_to_live(negative_ttl.max(Duration::from_nanos(1)))
+                .support_invalidation_closures()
+                .build(),
+            recent: Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
+                .support_invalidation_closures()
+                .build(),
         }
+    }
+
+    /// Records every name of the directory `dir` (a whole listing, or empty after a mkdir).
+    pub fn insert_listing(&self, dir: &str, names: HashSet<String>) {
+        self.listed
+            .insert(dir.to_string(), Arc::new(Mutex::new(names)));
+        self.recent.insert(dir.to_string(), ());
+    }
+
+    /// Whether `dir` was listed recently but its listing has expired.
+    pub fn wants_relisting(&self, dir: &str) -> bool {
+        self.recent.contains_key(dir) && !self.listed.contains_key(dir)
+    }
+
+    fn listed_parent<'p>(&self, path: &'p str) -> Option<(Arc<Mutex<HashSet<String>>>, &'p str)> {
+        let (dir, name) = split(path);
+        self.listed.get(dir).map(|names| (names, name))
     }
 
     /// `Some(Some(e))`: known to exist; `Some(None)`: known not to exist; `None`: ask the bucket.
@@ -49,22 +101,36 @@ impl MetaCache {
         if self.negative.contains_key(path) {
             return Some(None);
         }
+        if let Some((names, name)) = self.listed_parent(path) {
+            if !names.lock().contains(name) {
+                return Some(None);
+            }
+        }
         None
     }
 
     pub fn insert(&self, path: &str, entry: Entry) {
         self.negative.invalidate(path);
+        if let Some((names, name)) = self.listed_parent(path) {
+            names.lock().insert(name.to_string());
+        }
         self.stat.insert(path.to_string(), entry);
     }
 
     pub fn insert_missing(&self, path: &str) {
         self.stat.invalidate(path);
+        if let Some((names, name)) = self.listed_parent(path) {
+            names.lock().remove(name);
+        }
         self.negative.insert(path.to_string(), ());
     }
 
+    /// Forgets what is known of `path`: it may have changed, so its directory's listing can no
+    /// longer vouch for it either.
     pub fn invalidate(&self, path: &str) {
         self.stat.invalidate(path);
         self.negative.invalidate(path);
+        self.listed.invalidate(split(path).0);
     }
 
     /// Forgets everything at or under the directory `path` (after a directory rename).
@@ -72,9 +138,15 @@ impl MetaCache {
         let dir = format!("{path}/");
         let p = path.to_string();
         let pred = move |k: &String| *k == p || k.starts_with(&dir);
-        let pred2 = pred.clone();
+        let (pred2, pred3, pred4) = (pred.clone(), pred.clone(), pred.clone());
         let _ = self.stat.invalidate_entries_if(move |k, _| pred(k));
         let _ = self.negative.invalidate_entries_if(move |k, _| pred2(k));
+        let _ = self.listed.invalidate_entries_if(move |k, _| pred3(k));
+        let _ = self.recent.invalidate_entries_if(move |k, _| pred4(k));
+        // The parent's listing keeps vouching for other names; this one is asked about again.
+        if let Some((names, name)) = self.listed_parent(path) {
+            names.lock().insert(name.to_string());
+        }
     }
 }
 
@@ -94,6 +166,37 @@ mod tests {
         assert!(matches!(c.get("a"), Some(None)));
         c.invalidate("a");
         assert!(c.get("a").is_none());
+    }
+
+    #[test]
+    fn a_listed_directory_answers_for_names_it_lacks() {
+        let c = MetaCache::new(100, Duration::from_secs(60), Duration::from_secs(60));
+        c.insert_listing("d", ["a".to_string()].into());
+        assert!(matches!(c.get("d/b"), Some(None)), "not in the listing");
+        assert!(
+            c.get("d/a").is_none(),
+            "listed but not cached: ask the bucket"
+        );
+        assert!(c.get("e/b").is_none(), "another directory");
+        c.insert("d/b", Entry::Dir);
+        c.stat.invalidate("d/b");
+        assert!(c.get("d/b").is_none(), "our own change joined the listing");
+        c.insert_missing("d/a");
+        c.negative.invalidate("d/a");
+        assert!(matches!(c.get("d/a"), Some(None)), "our own delete left it");
+        c.invalidate("d/x");
+        assert!(
+            c.get("d/zzz").is_none(),
+            "a possible change drops the listing"
+        );
+        c.insert_listing("", HashSet::new());
+        assert!(matches!(c.get("top"), Some(None)), "the root");
+        c.insert_listing("d", HashSet::new());
+        c.invalidate_tree("d/sub");
+        assert!(c.get("d/sub").is_none(), "a changed subtree is asked about again");
+        assert!(matches!(c.get("d/other"), Some(None)));
+        c.invalidate_tree("d");
+        assert!(!c.wants_relisting("d"));
     }
 
     #[test]

@@ -62,8 +62,13 @@ pub struct Namespace<S: ObjectStore> {
     cache: Arc<MetaCache>,
     /// Keys already reported as hidden by a directory, so each is logged once.
     shadow_logged: Cache<String, ()>,
+    /// Directories being listed again to refresh their names; one listing at a time each.
+    relisting: Mutex<std::collections::HashSet<String>>,
     mount_time: SystemTime,
 }
+
+/// A directory with more names than this is never held whole in the listed-directory cache.
+const MAX_LISTED_NAMES: usize = 20_000;
 
 impl<S: ObjectStore> Namespace<S> {
     pub fn new(store: Arc<S>, cfg: Arc<MountConfig>) -> Self {
@@ -74,6 +79,7 @@ impl<S: ObjectStore> Namespace<S> {
                 cfg.negative_ttl,
             )),
             shadow_logged: Cache::builder().max_capacity(10_000).build(),
+            relisting: Mutex::new(Default::default()),
             store,
             cfg,
             inodes: Arc::new(Mutex::new(InodeTable::new())),
@@ -174,10 +180,16 @@ impl<S: ObjectStore> Namespace<S> {
 
     /// What is at `path`, from the caches or the bucket.
     pub async fn resolve(&self, path: &str) -> FsResult<Entry> {
-        match self.cache.get(path) {
-            Some(Some(e)) => return Ok(e),
-            Some(None) => return Err(FsError::NotFound),
-            None => {}
+        let cached = |c: Option<Option<Entry>>| c.map(|e| e.ok_or(FsError::NotFound));
+        if let Some(answer) = cached(self.cache.get(path)) {
+            return answer;
+        }
+        // In a directory that is being worked in, one listing answers for every name.
+        let dir = path.rfind('/').map_or("", |i| &path[..i]);
+        if self.cache.wants_relisting(dir) && self.relist(dir).await {
+            if let Some(answer) = cached(self.cache.get(path)) {
+                return answer;
+            }
         }
         match self.probe(path).await? {
             Some(e) => {
@@ -189,6 +201,47 @@ impl<S: ObjectStore> Namespace<S> {
                 Err(FsError::NotFound)
             }
         }
+    }
+
+    /// Lists the directory at `dir` whole, refreshing the stat cache and its listed names.
+    /// Returns false when it did not (another task is at it, too many names, or an error).
+    async fn relist(&self, dir: &str) -> bool {
+        if !self.relisting.lock().insert(dir.to_string()) {
+            return false;
+        }
+        let mut listing = Listing::new(self.dir_prefix(dir));
+        let mut names = std::collections::HashSet::new();
+        let mut complete = false;
+        while names.len() <= MAX_LISTED_NAMES {
+            let Ok(children) = listing
+                .next_page(self.store.as_ref(), &|k| self.note_shadowed(k))
+                .await
+            else {
+                break;
+            };
+            for child in children {
+                let (name, entry) = match child {
+                    Listed::Dir(n) => (n, Entry::Dir),
+                    Listed::File(n, m) => (n, Entry::File(Arc::new(m))),
+                };
+                self.cache.insert(&names::join(dir, &name), entry);
+                names.insert(name);
+            }
+            if listing.is_done() {
+                complete = true;
+                break;
+            }
+        }
+        if complete {
+            self.cache.insert_listing(dir, names);
+        }
+        self.relisting.lock().remove(dir);
+        complete
+    }
+
+    /// A directory we just created: nothing is in it.
+    pub fn note_empty_dir(&self, path: &str) {
+        self.cache.insert_listing(path, Default::default());
     }
 
     /// Registers `path` as `entry` (adding `add_lookups` kernel references) and returns its
@@ -382,6 +435,9 @@ impl<S: ObjectStore> Namespace<S> {
             return Ok(());
         }
         if stream.listing.is_done() {
+            if let Some(seen) = stream.seen.take() {
+                self.cache.insert_listing(&stream.path, seen);
+            }
             // Files being written that the bucket does not list yet.
             for (name, entry) in std::mem::take(&mut stream.local) {
                 let path = names::join(&stream.path, &name);
@@ -401,6 +457,12 @@ impl<S: ObjectStore> Namespace<S> {
                 Listed::File(n, m) => (n, Entry::File(Arc::new(m))),
             };
             let path = names::join(&stream.path, &name);
+            if let Some(seen) = stream.seen.as_mut() {
+                seen.insert(name.clone());
+                if seen.len() > MAX_LISTED_NAMES {
+                    stream.seen = None;
+                }
+            }
             let entry = match (stream.local.remove(&name), listed) {
                 // A file being written: its local size and mtime are the truth.
                 (Some(local), Entry::File(_)) => local,
@@ -447,6 +509,8 @@ pub struct DirStream {
     /// Those not yet matched against the listing.
     local: std::collections::HashMap<String, Entry>,
     local_done: bool,
+    /// Every name the listing gave, for the listed-directory cache (None once too many).
+    seen: Option<std::collections::HashSet<String>>,
 }
 
 impl DirStream {
@@ -463,6 +527,7 @@ impl DirStream {
             local_all: Vec::new(),
             local: Default::default(),
             local_done: false,
+            seen: Some(Default::default()),
         }
     }
 
