@@ -92,6 +92,11 @@ pub struct MountArgs {
     /// cache directory, one sub-directory per mount.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Most bytes staged in the cache directory at once (e.g. 20GiB). When full, writes wait
+    /// for closed files to upload; ENOSPC only when the files still open cannot fit. Default:
+    /// bounded by the disk alone.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
     /// How long after close() a file's upload starts.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub write_back_delay: Duration,

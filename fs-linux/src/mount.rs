@@ -169,6 +169,7 @@ fn serve(
         let mut w = WriteConfig::new(cache_dir.clone());
         w.write_back_delay = args.write_back_delay;
         w.upload_on_close = args.upload_on_close;
+        w.cache_size = args.cache_size;
         w.files_concurrency = args.upload_files_concurrency;
         w.upload.single_shot_threshold = args.single_shot_threshold;
         w.upload.part_size = args.upload_part_size;

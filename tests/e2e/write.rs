@@ -312,6 +312,53 @@ fn status_wait_returns_when_everything_is_in_the_bucket() -> Result<()> {
     m.unmount()
 }
 
+/// Writes `data` to a new file and closes it, returning the first error of write() or close().
+/// With the kernel's write-back cache an error can come from either, as on a local disk; `cp`
+/// and `dd` check both.
+fn write_and_close(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` is an open descriptor that nothing else owns.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `--cache-size`: files closed beyond the limit wait for earlier ones to upload (their hour of
+/// write-back delay cut short) and all arrive; an open file bigger than the limit gets ENOSPC.
+#[test]
+fn a_full_cache_size_waits_for_uploads_then_refuses_open_data() -> Result<()> {
+    let emu = setup("cachesize")?;
+    let m = Mount::new(
+        &emu,
+        "cachesize",
+        &["--cache-size", "24MiB", "--write-back-delay", "1h"],
+    )?;
+    let mut want = Vec::new();
+    for i in 0..4u64 {
+        let data = random_bytes(10 * MIB, 300 + i);
+        write_and_close(&m.path().join(format!("f{i}")), &data)?;
+        want.push((format!("f{i}"), sha256(&data)));
+    }
+    let err = write_and_close(&m.path().join("huge"), &random_bytes(30 * MIB, 399)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let _ = std::fs::remove_file(m.path().join("huge"));
+    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
+        .arg("status")
+        .arg("--wait")
+        .arg(m.path())
+        .output()?;
+    assert!(out.status.success());
+    for (name, sha) in &want {
+        assert_eq!(&sha256(&emu.get("cachesize", name)?), sha, "{name}");
+    }
+    assert!(!keys(&emu, "cachesize")?.contains(&"huge".to_string()));
+    m.unmount()
+}
+
 /// A small tmpfs as the cache disk: a write that does not fit gets ENOSPC, files already
 /// closed are not lost, and the mount works again once space is free.
 #[test]
@@ -340,20 +387,7 @@ fn a_full_cache_disk_gives_enospc_and_loses_nothing() -> Result<()> {
     std::fs::write(m.path().join("kept"), &kept)?;
     // Too big for what is left of the cache disk.
     let big = random_bytes(12 * MIB, 78);
-    // With the kernel's write-back cache the error comes from write() or from close(), as it
-    // can on a local disk; `cp` and `dd` check both.
-    let mut f = std::fs::File::create(m.path().join("big"))?;
-    let err = match f.write_all(&big) {
-        Err(e) => e,
-        Ok(()) => {
-            use std::os::fd::IntoRawFd;
-            let fd = f.into_raw_fd();
-            // SAFETY: `fd` is an open descriptor that nothing else owns.
-            let rc = unsafe { libc::close(fd) };
-            assert_ne!(rc, 0, "close() of a file that cannot fit succeeded");
-            std::io::Error::last_os_error()
-        }
-    };
+    let err = write_and_close(&m.path().join("big"), &big).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     // The file closed earlier is intact and still goes up.
     assert_eq!(

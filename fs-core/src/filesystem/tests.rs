@@ -668,7 +668,11 @@ async fn new_names_in_a_listed_directory_cost_no_requests() {
         FsError::NotFound
     );
     assert_eq!(fs.lookup(listed.ino, "old").await.unwrap().size, 1);
-    assert_eq!(reads(), before, "answered by the listing and the stat cache");
+    assert_eq!(
+        reads(),
+        before,
+        "answered by the listing and the stat cache"
+    );
 
     // Someone else adds a file; once the listing expires it is found by one new listing.
     store.insert("listed/theirs", "yy");
@@ -684,7 +688,44 @@ async fn new_names_in_a_listed_directory_cost_no_requests() {
     // Every file written is in the bucket, and visible by name after the upload.
     fs.drain(false).await;
     for i in 0..50 {
-        assert_eq!(store.object_bytes(&format!("made/f{i}")).unwrap(), &b"data"[..]);
+        assert_eq!(
+            store.object_bytes(&format!("made/f{i}")).unwrap(),
+            &b"data"[..]
+        );
         assert_eq!(fs.lookup(made.ino, &format!("f{i}")).await.unwrap().size, 4);
     }
+}
+
+/// With a cache size, a write that does not fit makes closed files upload at once (whatever
+/// their write-back delay) and waits for their space; only data of open files that cannot fit
+/// gets ENOSPC, and nothing already written is lost.
+#[tokio::test]
+async fn a_full_cache_waits_for_uploads_and_refuses_only_open_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let mut wc = wcfg(dir.path(), 3_600_000);
+    wc.cache_size = Some(100_000);
+    let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wc).unwrap();
+
+    write_file(&fs, ROOT_INO, "a", &[1u8; 60_000]).await;
+    assert!(
+        store.object_bytes("a").is_none(),
+        "an hour of write-back delay"
+    );
+    // Does not fit beside `a`: waits until `a` is in the bucket.
+    write_file(&fs, ROOT_INO, "b", &[2u8; 60_000]).await;
+    assert_eq!(store.object_bytes("a").unwrap(), &[1u8; 60_000][..]);
+
+    let (_, h) = fs.create(ROOT_INO, "c").await.unwrap();
+    fs.write(h.fh, 0, &[3u8; 50_000]).await.unwrap();
+    assert_eq!(
+        fs.write(h.fh, 50_000, &[3u8; 60_000]).await.unwrap_err(),
+        FsError::NoSpace,
+        "an open file alone over the limit"
+    );
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("b").unwrap(), &[2u8; 60_000][..]);
+    assert_eq!(store.object_bytes("c").unwrap(), &[3u8; 50_000][..]);
 }

@@ -193,7 +193,10 @@ mod tests {
         assert!(matches!(c.get("top"), Some(None)), "the root");
         c.insert_listing("d", HashSet::new());
         c.invalidate_tree("d/sub");
-        assert!(c.get("d/sub").is_none(), "a changed subtree is asked about again");
+        assert!(
+            c.get("d/sub").is_none(),
+            "a changed subtree is asked about again"
+        );
         assert!(matches!(c.get("d/other"), Some(None)));
         c.invalidate_tree("d");
         assert!(!c.wants_relisting("d"));

@@ -15,10 +15,14 @@
 //! - When the last handle is released and the item is in the bucket, its staging file goes.
 //! - At start-up, [`WriteBack::replay`] turns every journal record back into an item and uploads
 //!   it, so nothing acknowledged before a crash is lost.
+//! - With a `cache_size`, every item is charged the size its staging file will reach. A write
+//!   that would go over the limit makes the closed files upload now and waits for their space;
+//!   it fails with `ENOSPC` only when the files still open could not fit even if everything else
+//!   were uploaded (or when uploads make no progress for [`SPACE_WAIT_LIMIT`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -44,7 +48,13 @@ pub struct WriteConfig {
     pub files_concurrency: usize,
     /// First retry delay after a failed upload; it doubles up to five minutes.
     pub retry_initial: Duration,
+    /// Bound on staged bytes (`--cache-size`); None: only the disk bounds it.
+    pub cache_size: Option<u64>,
 }
+
+/// How long a write waits for uploads to free staging space without any being freed before it
+/// gives up with `ENOSPC`.
+pub const SPACE_WAIT_LIMIT: Duration = Duration::from_secs(120);
 
 impl WriteConfig {
     pub fn new(cache_dir: PathBuf) -> Self {
@@ -55,6 +65,7 @@ impl WriteConfig {
             upload: UploadConfig::default(),
             files_concurrency: 32,
             retry_initial: Duration::from_secs(1),
+            cache_size: None,
         }
     }
 }
@@ -132,6 +143,31 @@ struct Shared {
     progress: watch::Sender<Progress>,
     /// Wakes the item's upload task when its due time moves earlier (fsync, drain).
     wake: tokio::sync::Notify,
+    /// Staging bytes charged to this item against the cache size.
+    charged: AtomicU64,
+    /// Mirrors `Item::handles`, readable without the item's lock.
+    open: AtomicU32,
+}
+
+impl Shared {
+    fn new(item: Item) -> Arc<Self> {
+        let open = item.handles;
+        Arc::new(Shared {
+            item: tokio::sync::Mutex::new(item),
+            progress: watch::channel(Progress::default()).0,
+            wake: tokio::sync::Notify::new(),
+            charged: AtomicU64::new(0),
+            open: AtomicU32::new(open),
+        })
+    }
+}
+
+/// Staging space in use, against `WriteConfig::cache_size`.
+#[derive(Default)]
+struct Space {
+    used: AtomicU64,
+    /// Signalled whenever charged space is given back.
+    freed: tokio::sync::Notify,
 }
 
 /// A handle on one item, held by open files.
@@ -149,6 +185,7 @@ pub struct WriteBack<S: ObjectStore> {
     slots: Arc<Semaphore>,
     pub counters: Counters,
     on_settled: SettleHook,
+    space: Space,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -175,6 +212,7 @@ impl<S: ObjectStore> WriteBack<S> {
             next_id: AtomicU64::new(next),
             counters: Counters::default(),
             on_settled,
+            space: Space::default(),
         }))
     }
 
@@ -231,11 +269,10 @@ impl<S: ObjectStore> WriteBack<S> {
                 failures: 0,
                 state: rec.state.clone(),
             };
-            let shared = Arc::new(Shared {
-                item: tokio::sync::Mutex::new(item),
-                progress: watch::channel(Progress::default()).0,
-                wake: tokio::sync::Notify::new(),
-            });
+            let shared = Shared::new(item);
+            // Already on disk, so charged even past the limit; new writes wait for it.
+            shared.charged.store(rec.size, Ordering::SeqCst);
+            self.space.used.fetch_add(rec.size, Ordering::SeqCst);
             self.by_key.lock().insert(rec.key.clone(), shared.clone());
             tracing::info!(key = %rec.key, size = rec.size, "replaying a staged file from the journal");
             self.schedule(shared, true).await;
@@ -257,9 +294,11 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut it = shared.item.lock().await;
             if !it.unlinked && !it.retired {
                 it.handles += 1;
+                shared.open.store(it.handles, Ordering::SeqCst);
                 if truncate && it.staging.size() > 0 {
                     it.staging.truncate(0)?;
                     it.version += 1;
+                    self.recharge(&shared, 0);
                 }
                 drop(it);
                 return Ok(ItemRef(shared));
@@ -293,11 +332,7 @@ impl<S: ObjectStore> WriteBack<S> {
             failures: 0,
             state: UploadState::Staged,
         };
-        let shared = Arc::new(Shared {
-            item: tokio::sync::Mutex::new(item),
-            progress: watch::channel(Progress::default()).0,
-            wake: tokio::sync::Notify::new(),
-        });
+        let shared = Shared::new(item);
         self.by_key.lock().insert(key.to_string(), shared.clone());
         Ok(ItemRef(shared))
     }
@@ -411,6 +446,8 @@ impl<S: ObjectStore> WriteBack<S> {
 
     pub async fn write(&self, item: &ItemRef, offset: u64, data: &[u8]) -> FsResult<()> {
         let mut it = item.0.item.lock().await;
+        let end = it.staging.size().max(offset + data.len() as u64);
+        self.reserve(&item.0, end).await?;
         it.staging.write_at(offset, data)?;
         it.version += 1;
         it.mtime = SystemTime::now();
@@ -419,7 +456,9 @@ impl<S: ObjectStore> WriteBack<S> {
 
     pub async fn truncate(&self, item: &ItemRef, len: u64) -> FsResult<()> {
         let mut it = item.0.item.lock().await;
+        self.reserve(&item.0, len).await?;
         it.staging.truncate(len)?;
+        self.recharge(&item.0, len);
         it.version += 1;
         it.mtime = SystemTime::now();
         Ok(())
@@ -466,6 +505,7 @@ impl<S: ObjectStore> WriteBack<S> {
             return Ok(());
         }
         let size = it.staging.size();
+        self.reserve(&item.0, size).await?;
         let missing = it.staging.missing(0..size);
         self.fetch(&mut it, missing).await?;
         it.staging.sync()?;
@@ -542,6 +582,7 @@ impl<S: ObjectStore> WriteBack<S> {
     pub async fn release(&self, item: &ItemRef) {
         let mut it = item.0.item.lock().await;
         it.handles = it.handles.saturating_sub(1);
+        item.0.open.store(it.handles, Ordering::SeqCst);
         self.retire_if_settled(&item.0, &mut it);
     }
 
@@ -557,6 +598,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             drop(map);
             let _ = std::fs::remove_file(it.staging.path());
+            self.recharge(shared, 0);
             if !it.unlinked {
                 let _ = self.journal.remove(it.id);
             }
@@ -612,8 +654,104 @@ impl<S: ObjectStore> WriteBack<S> {
         let it = shared.item.lock().await;
         if it.handles == 0 {
             let _ = std::fs::remove_file(it.staging.path());
+            self.recharge(&shared, 0);
         }
         true
+    }
+
+    /// Makes sure `shared` is charged at least `size` bytes of staging space, waiting for
+    /// uploads to free space when the cache is full. The caller holds the item's lock.
+    async fn reserve(&self, shared: &Shared, size: u64) -> FsResult<()> {
+        let Some(limit) = self.cfg.cache_size else {
+            return Ok(());
+        };
+        let mut waited_since = Instant::now();
+        loop {
+            let charged = shared.charged.load(Ordering::SeqCst);
+            if size <= charged {
+                return Ok(());
+            }
+            let delta = size - charged;
+            let freed = self.space.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let used = self.space.used.load(Ordering::SeqCst);
+            if used + delta <= limit {
+                if self
+                    .space
+                    .used
+                    .compare_exchange(used, used + delta, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    shared.charged.store(size, Ordering::SeqCst);
+                    return Ok(());
+                }
+                continue;
+            }
+            // Space held by open files cannot be freed by uploading; this file is open too.
+            let open: u64 = self
+                .by_key
+                .lock()
+                .values()
+                .filter(|s| s.open.load(Ordering::SeqCst) > 0)
+                .map(|s| s.charged.load(Ordering::SeqCst))
+                .sum();
+            let own = if shared.open.load(Ordering::SeqCst) > 0 {
+                0
+            } else {
+                charged
+            };
+            if open + own + delta > limit {
+                tracing::warn!(
+                    limit,
+                    open_bytes = open,
+                    "cache size reached by files still open"
+                );
+                return Err(FsError::NoSpace);
+            }
+            if waited_since.elapsed() > SPACE_WAIT_LIMIT {
+                tracing::error!(
+                    limit,
+                    "cache full and no upload has freed space for {:?}",
+                    SPACE_WAIT_LIMIT
+                );
+                return Err(FsError::NoSpace);
+            }
+            self.upload_closed_now();
+            if tokio::time::timeout(Duration::from_secs(1), freed)
+                .await
+                .is_ok()
+            {
+                waited_since = Instant::now();
+            }
+        }
+    }
+
+    /// Sets the charge of `shared` to `size` when that is lower, giving the rest back.
+    fn recharge(&self, shared: &Shared, size: u64) {
+        let old = shared.charged.load(Ordering::SeqCst);
+        if size < old {
+            shared.charged.store(size, Ordering::SeqCst);
+            self.space.used.fetch_sub(old - size, Ordering::SeqCst);
+            self.space.freed.notify_waiters();
+        }
+    }
+
+    /// The cache is full: files already closed upload now, whatever their write-back delay.
+    fn upload_closed_now(&self) {
+        let items: Vec<Arc<Shared>> = self.by_key.lock().values().cloned().collect();
+        for shared in items {
+            if shared.open.load(Ordering::SeqCst) > 0 {
+                continue;
+            }
+            // A busy item is being uploaded or changed already; never wait for it here.
+            if let Ok(mut it) = shared.item.try_lock() {
+                if it.durable > it.uploaded && it.due.is_some_and(|d| d > Instant::now()) {
+                    it.due = Some(Instant::now());
+                    shared.wake.notify_one();
+                }
+            }
+        }
     }
 
     /// The file was renamed: its pending upload follows the new name. `new_base` is the bucket
