@@ -1,7 +1,7 @@
 //! The cache directory of one mount: where staged data and the journal live.
 //!
 //! Layout: `lock` (held with `flock` for the life of the mount, so two mounts can never share
-//! one directory), `staging/<id>.data` and `journal/<id>.json`. Directories are mode 0700 and
+//! one directory), `staging/<id>.data` and `journal/journal.log`. Directories are mode 0700 and
 //! files 0600: staged data is the user's data.
 
 use std::fs::{DirBuilder, File, OpenOptions};
@@ -61,6 +61,12 @@ impl CacheDir {
 
     pub fn staging_path(&self, id: u64) -> PathBuf {
         self.root.join("staging").join(format!("{id:016x}.data"))
+    }
+
+    /// Makes the names of newly created staging files durable (a power loss must not leave a
+    /// journal record whose staging file vanished with its directory entry).
+    pub fn sync_staging_names(&self) -> std::io::Result<()> {
+        std::fs::File::open(self.root.join("staging"))?.sync_all()
     }
 
     pub fn journal_dir(&self) -> PathBuf {

@@ -2,19 +2,28 @@
 //!
 //! Each staged file has one record, written before `close()` or `fsync()` returns and updated as
 //! its upload moves on (staged, uploading with the resumable session or the parts already
-//! uploaded, done, conflict). A record is made durable the classic way: write a temporary file,
-//! fsync it, rename it over the old record, fsync the directory. A crash at any moment leaves
-//! either the old record or the new one, never a torn one.
+//! uploaded, done, conflict).
 //!
-//! On start-up the mount replays every record, so a file acknowledged before a crash or a
-//! SIGKILL is uploaded on the next mount. A record that cannot be parsed is set aside as
-//! `*.corrupt` and reported, never deleted.
+//! The journal is one append-only log, `journal.log`. A change is one line, a record put or an
+//! id deleted, each line carrying its own CRC32C, made durable by one `fdatasync`. That is a
+//! tenth of the cost of a file per record (write, fsync, rename, fsync the directory), and it is
+//! paid on every `close()`: it decides how fast `cp -r` of small files runs. The last put of an
+//! id wins. When most lines are dead the log is compacted: the live records are written to a
+//! new file, fsync'd and renamed over the log, so a crash leaves the old log or the new one.
+//!
+//! On start-up the mount replays every live record, so a file acknowledged before a crash or a
+//! SIGKILL is uploaded on the next mount. A torn last line (a crash mid-append) was never
+//! acknowledged and is dropped. A damaged line elsewhere is reported, and the log is copied
+//! aside before anything is rewritten, never deleted. Records in the older one-file-per-record
+//! form (`*.json`) are read too, and folded into the log.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 /// One uploaded part of a parallel composite upload.
@@ -63,90 +72,218 @@ pub struct Record {
     pub state: UploadState,
 }
 
-/// The journal directory.
+/// One line of the log.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Line {
+    Put(Record),
+    Del(u64),
+}
+
+const LOG: &str = "journal.log";
+/// Compact when the log holds this many more lines than live records.
+const COMPACT_SLACK: usize = 4096;
+
+/// The journal of one cache directory.
 #[derive(Debug)]
 pub struct Journal {
     dir: PathBuf,
+    log: Mutex<Log>,
+    /// Damaged logs or records set aside at open.
+    corrupt: Vec<PathBuf>,
+}
+
+#[derive(Debug)]
+struct Log {
+    file: File,
+    live: HashMap<u64, Record>,
+    lines: usize,
 }
 
 impl Journal {
+    /// Opens the journal in `dir`, reading what is there and rewriting it compactly.
     pub fn open(dir: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
+        let mut corrupt = Vec::new();
+        let mut live = read_log(&dir.join(LOG), &mut corrupt)?;
+        let legacy = read_legacy(dir, &mut live, &mut corrupt)?;
+        let file = rewrite(dir, &live)?;
+        for path in legacy {
+            std::fs::remove_file(path)?;
+        }
         Ok(Journal {
             dir: dir.to_path_buf(),
+            log: Mutex::new(Log {
+                file,
+                lines: live.len(),
+                live,
+            }),
+            corrupt,
         })
-    }
-
-    fn path(&self, id: u64) -> PathBuf {
-        self.dir.join(format!("{id:016x}.json"))
     }
 
     /// Writes `rec` durably, replacing any earlier version.
     pub fn put(&self, rec: &Record) -> io::Result<()> {
-        let tmp = self.dir.join(format!("{:016x}.json.tmp", rec.id));
-        let json = serde_json::to_vec_pretty(rec).map_err(io::Error::other)?;
-        {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&json)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, self.path(rec.id))?;
-        File::open(&self.dir)?.sync_all()
+        let mut log = self.log.lock();
+        append(&mut log.file, &Line::Put(rec.clone()))?;
+        log.live.insert(rec.id, rec.clone());
+        log.lines += 1;
+        self.maybe_compact(&mut log)
     }
 
     /// Forgets a record once its file is safely in the bucket.
     pub fn remove(&self, id: u64) -> io::Result<()> {
-        match std::fs::remove_file(self.path(id)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
+        let mut log = self.log.lock();
+        if log.live.remove(&id).is_none() {
+            return Ok(());
         }
-        File::open(&self.dir)?.sync_all()
+        append(&mut log.file, &Line::Del(id))?;
+        log.lines += 1;
+        self.maybe_compact(&mut log)
     }
 
-    /// Every record, in id order. Unreadable records are renamed `*.corrupt` and reported in the
-    /// second list; leftover temporary files from a crash mid-write are removed (the record they
-    /// were replacing is still in place).
-    pub fn load_all(&self) -> io::Result<(Vec<Record>, Vec<PathBuf>)> {
-        let mut records = Vec::new();
-        let mut corrupt = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            if name.ends_with(".json.tmp") {
-                std::fs::remove_file(&path)?;
-                continue;
-            }
-            if !name.ends_with(".json") {
-                continue;
-            }
-            match std::fs::read(&path).map(|b| serde_json::from_slice::<Record>(&b)) {
-                Ok(Ok(rec)) => records.push(rec),
-                _ => {
-                    let aside = path.with_extension("json.corrupt");
-                    std::fs::rename(&path, &aside)?;
-                    tracing::error!(record = %aside.display(), "unreadable journal record set aside; its staged data is kept");
-                    corrupt.push(aside);
-                }
-            }
+    fn maybe_compact(&self, log: &mut Log) -> io::Result<()> {
+        if log.lines > log.live.len() * 2 + COMPACT_SLACK {
+            log.file = rewrite(&self.dir, &log.live)?;
+            log.lines = log.live.len();
         }
+        Ok(())
+    }
+
+    /// Every live record, in id order, and the damaged logs or records set aside at open.
+    pub fn load_all(&self) -> io::Result<(Vec<Record>, Vec<PathBuf>)> {
+        let mut records: Vec<Record> = self.log.lock().live.values().cloned().collect();
         records.sort_by_key(|r| r.id);
-        Ok((records, corrupt))
+        Ok((records, self.corrupt.clone()))
     }
 
     /// The next free record id: one past the highest in use.
     pub fn next_id(&self) -> io::Result<u64> {
-        let (records, _) = self.load_all()?;
-        Ok(records.last().map_or(1, |r| r.id + 1))
+        Ok(self.log.lock().live.keys().max().map_or(1, |id| id + 1))
     }
+}
+
+/// Appends one line and makes it durable.
+fn append(file: &mut File, line: &Line) -> io::Result<()> {
+    let json = serde_json::to_string(line).map_err(io::Error::other)?;
+    let text = format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes()));
+    file.write_all(text.as_bytes())?;
+    file.sync_data()
+}
+
+/// Parses one line: `None` when it is damaged.
+fn parse(line: &str) -> Option<Line> {
+    let (crc, json) = line.split_once(' ')?;
+    if u32::from_str_radix(crc, 16).ok()? != crc32c::crc32c(json.as_bytes()) {
+        return None;
+    }
+    serde_json::from_str(json).ok()
+}
+
+/// Replays the log at `path` into live records.
+fn read_log(path: &Path, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, Record>> {
+    let mut live = HashMap::new();
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(live),
+        Err(e) => return Err(e),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let complete = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut damaged = 0;
+    for (i, line) in lines.iter().enumerate() {
+        match parse(line) {
+            Some(Line::Put(rec)) => {
+                live.insert(rec.id, rec);
+            }
+            Some(Line::Del(id)) => {
+                live.remove(&id);
+            }
+            // A torn last line was never acknowledged.
+            None if i + 1 == lines.len() && !complete => {}
+            None => damaged += 1,
+        }
+    }
+    if damaged > 0 {
+        let aside = path.with_extension(format!(
+            "log.corrupt-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        ));
+        std::fs::copy(path, &aside)?;
+        tracing::error!(lines = damaged, copy = %aside.display(), "damaged journal lines skipped; the log was copied aside and the staged data is kept");
+        corrupt.push(aside);
+    }
+    Ok(live)
+}
+
+/// Folds records of the one-file-per-record form into `live`; returns the files read.
+fn read_legacy(
+    dir: &Path,
+    live: &mut HashMap<u64, Record>,
+    corrupt: &mut Vec<PathBuf>,
+) -> io::Result<Vec<PathBuf>> {
+    let mut read = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if name.ends_with(".json.tmp") {
+            std::fs::remove_file(&path)?;
+            continue;
+        }
+        if !name.ends_with(".json") {
+            continue;
+        }
+        match std::fs::read(&path).map(|b| serde_json::from_slice::<Record>(&b)) {
+            Ok(Ok(rec)) => {
+                live.entry(rec.id).or_insert(rec);
+                read.push(path);
+            }
+            _ => {
+                let aside = path.with_extension("json.corrupt");
+                std::fs::rename(&path, &aside)?;
+                tracing::error!(record = %aside.display(), "unreadable journal record set aside; its staged data is kept");
+                corrupt.push(aside);
+            }
+        }
+    }
+    Ok(read)
+}
+
+/// Writes `live` as a new log, atomically replacing the old one; returns it open for appends.
+fn rewrite(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<File> {
+    let tmp = dir.join(format!("{LOG}.tmp"));
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let mut ids: Vec<&u64> = live.keys().collect();
+        ids.sort();
+        let mut text = String::new();
+        for id in ids {
+            let json =
+                serde_json::to_string(&Line::Put(live[id].clone())).map_err(io::Error::other)?;
+            text.push_str(&format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes())));
+        }
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(LOG))?;
+    File::open(dir)?.sync_all()?;
+    OpenOptions::new()
+        .append(true)
+        .mode(0o600)
+        .open(dir.join(LOG))
 }
 
 #[cfg(test)]
@@ -205,23 +342,70 @@ mod tests {
     }
 
     #[test]
-    fn torn_and_corrupt_records_lose_nothing() {
+    fn torn_and_damaged_lines_lose_nothing_acknowledged() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path()).unwrap();
         j.put(&rec(1, UploadState::Staged)).unwrap();
-        // A crash while replacing record 1 leaves a temporary file: the old record still counts.
+        j.put(&rec(2, UploadState::Staged)).unwrap();
+        drop(j);
+        let log = dir.path().join(LOG);
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        // A damaged line in the middle, and a torn append at the end.
+        text.push_str("0badc0de {\"put\":{\"id\":5}}\n");
+        j_append(&log, &format!("{text}0000 {{\"put\": {{\"id\": 3, \"ke"));
+        let j = Journal::open(dir.path()).unwrap();
+        let (all, corrupt) = j.load_all().unwrap();
+        assert_eq!(
+            all,
+            vec![rec(1, UploadState::Staged), rec(2, UploadState::Staged)]
+        );
+        assert_eq!(corrupt.len(), 1);
+        assert!(corrupt[0].exists(), "the damaged log is copied aside");
+    }
+
+    fn j_append(path: &Path, text: &str) {
+        std::fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn old_one_file_records_are_folded_in() {
+        let dir = tempfile::tempdir().unwrap();
         std::fs::write(
-            dir.path().join(format!("{:016x}.json.tmp", 1)),
-            b"{\"id\": 1, \"ke",
+            dir.path().join(format!("{:016x}.json", 4)),
+            serde_json::to_vec(&rec(4, UploadState::Staged)).unwrap(),
         )
         .unwrap();
         std::fs::write(dir.path().join(format!("{:016x}.json", 9)), b"not json").unwrap();
+        let j = Journal::open(dir.path()).unwrap();
         let (all, corrupt) = j.load_all().unwrap();
-        assert_eq!(all, vec![rec(1, UploadState::Staged)]);
+        assert_eq!(all, vec![rec(4, UploadState::Staged)]);
         assert_eq!(corrupt.len(), 1);
-        assert!(
-            corrupt[0].exists(),
-            "a corrupt record is set aside, not deleted"
-        );
+        drop(j);
+        let (all, _) = Journal::open(dir.path()).unwrap().load_all().unwrap();
+        assert_eq!(all, vec![rec(4, UploadState::Staged)], "now in the log");
+    }
+
+    #[test]
+    fn compaction_keeps_exactly_the_live_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        for id in 1..=(COMPACT_SLACK as u64 + 100) {
+            j.put(&rec(id, UploadState::Staged)).unwrap();
+            if id % 10 != 0 {
+                j.remove(id).unwrap();
+            }
+        }
+        let lines = std::fs::read_to_string(dir.path().join(LOG))
+            .unwrap()
+            .lines()
+            .count();
+        assert!(lines < COMPACT_SLACK, "compacted: {lines} lines");
+        drop(j);
+        let (all, _) = Journal::open(dir.path()).unwrap().load_all().unwrap();
+        let ids: Vec<u64> = all.iter().map(|r| r.id).collect();
+        let want: Vec<u64> = (1..=(COMPACT_SLACK as u64 + 100))
+            .filter(|i| i % 10 == 0)
+            .collect();
+        assert_eq!(ids, want);
     }
 }

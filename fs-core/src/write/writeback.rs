@@ -509,6 +509,9 @@ impl<S: ObjectStore> WriteBack<S> {
         let missing = it.staging.missing(0..size);
         self.fetch(&mut it, missing).await?;
         it.staging.sync()?;
+        if it.durable == 0 {
+            self.dir.sync_staging_names()?;
+        }
         it.crc32c = it.staging.crc32c()?;
         let rec = Self::record(&it);
         self.journal.put(&rec)?;
