@@ -39,6 +39,8 @@ pub enum FsError {
     NoSpace,
     #[error("directory has too many objects to rename")]
     CrossDevice,
+    #[error("not a symbolic link")]
+    NotSymlink,
     #[error("I/O error: {0}")]
     Io(String),
 }
@@ -62,6 +64,7 @@ impl FsError {
             FsError::Unsupported => libc::ENOSYS,
             FsError::NoSpace => libc::ENOSPC,
             FsError::CrossDevice => libc::EXDEV,
+            FsError::NotSymlink => libc::EINVAL,
             FsError::Io(_) => libc::EIO,
         }
     }
@@ -84,6 +87,7 @@ impl FsError {
             FsError::Unsupported => 0xC000_00BB, // STATUS_NOT_SUPPORTED
             FsError::NoSpace => 0xC000_007F,  // STATUS_DISK_FULL
             FsError::CrossDevice => 0xC000_00D4, // STATUS_NOT_SAME_DEVICE
+            FsError::NotSymlink => 0xC000_0275, // STATUS_NOT_A_REPARSE_POINT
             FsError::Io(_) => 0xC000_0185,    // STATUS_IO_DEVICE_ERROR
         }
     }

@@ -21,7 +21,8 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{names, Attr, DirEntry, DirStream, Entry, Ino, Kind, Namespace};
 use crate::read::{PrefetchConfig, ReadBudget, Reader};
 use crate::store::{
-    ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind, WriteOptions,
+    ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY,
+    SYMLINK_KEY,
 };
 use crate::write::writeback::{ItemRef, LocalAttr, Status, WriteBack, WriteConfig};
 
@@ -383,6 +384,10 @@ impl<S: ObjectStore> Filesystem<S> {
             if size.is_some() {
                 return Err(FsError::IsDir);
             }
+            return self.getattr(ino).await;
+        }
+        if kind == Kind::Symlink {
+            // A link's own times and owner are accepted and ignored, like a directory's.
             return self.getattr(ino).await;
         }
         let current = self.getattr(ino).await?;
@@ -781,7 +786,62 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// Operations the filesystem does not support (yet): symlinks, hard links, special files.
+    /// Creates a symbolic link: an empty object whose metadata holds the target (the format is
+    /// gcsfuse's, see [`SYMLINK_KEY`] and docs/semantics.md).
+    pub async fn symlink(&self, parent: Ino, name: &str, target: &str) -> FsResult<Attr> {
+        self.writer()?;
+        let path = self.child_path(parent, name)?;
+        match self.entry_at(&path).await {
+            Ok(_) => return Err(FsError::Exists),
+            Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let now = SystemTime::now();
+        let secs = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let opts = WriteOptions {
+            metadata: [
+                (SYMLINK_KEY.to_string(), target.to_string()),
+                (MTIME_KEY.to_string(), secs.to_string()),
+            ]
+            .into(),
+            ..WriteOptions::default()
+        };
+        let key = self.ns.key_of(&path);
+        let meta = match self
+            .ns
+            .store()
+            .put(&key, Bytes::new(), Precondition::DoesNotExist, &opts)
+            .await
+        {
+            Ok(m) => m,
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => return Err(FsError::Exists),
+            Err(e) => return Err(e.into()),
+        };
+        let entry = Entry::File(Arc::new(meta));
+        self.ns.note(&path, entry.clone());
+        Ok(self.ns.register(&path, &entry, 1))
+    }
+
+    /// The target of the symbolic link `ino`.
+    pub async fn readlink(&self, ino: Ino) -> FsResult<String> {
+        let (path, kind) = self.ns.inode_path(ino)?;
+        if kind != Kind::Symlink {
+            return Err(FsError::NotSymlink);
+        }
+        match self.ns.resolve(&path).await? {
+            Entry::File(m) => m
+                .metadata
+                .get(SYMLINK_KEY)
+                .cloned()
+                .ok_or(FsError::NotSymlink),
+            Entry::Dir => Err(FsError::NotSymlink),
+        }
+    }
+
+    /// Operations the filesystem does not support: hard links and special files.
     pub fn unsupported(&self) -> FsError {
         if self.write.is_none() {
             FsError::ReadOnly

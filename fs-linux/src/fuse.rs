@@ -46,6 +46,7 @@ fn file_attr(a: &Attr) -> FileAttr {
     let (kind, nlink) = match a.kind {
         Kind::Dir => (FileType::Directory, 2),
         Kind::File => (FileType::RegularFile, 1),
+        Kind::Symlink => (FileType::Symlink, 1),
     };
     FileAttr {
         ino: INodeNo(a.ino),
@@ -242,12 +243,35 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     fn symlink(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _target: &std::path::Path,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        reply.error(errno(&self.fs.unsupported()));
+        let (name, target) = match (
+            utf8_name(link_name, true),
+            utf8_name(target.as_os_str(), true),
+        ) {
+            (Ok(n), Ok(t)) => (n, t),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.symlink(parent.0, &name, &target).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), GENERATION),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readlink(ino.0).await {
+                Ok(t) => reply.data(t.as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn link(

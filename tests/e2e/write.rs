@@ -449,3 +449,42 @@ fn fio_random_writes_verify_through_the_mount_and_from_the_bucket() -> Result<()
     fio(&m.path().join("fio.dat"), &["--verify_only"])?;
     m.unmount()
 }
+
+/// `ln -s` makes an empty object marked with gcsfuse's symlink metadata; `readlink`, `ls -l`
+/// and following the link work, also after a remount and a rename.
+#[test]
+fn symlinks_are_made_read_and_followed() -> Result<()> {
+    let emu = setup("links")?;
+    emu.put("links", "dir/target.txt", b"pointed at")?;
+    let m = Mount::new(&emu, "links", &[])?;
+    let p = m.path();
+    std::os::unix::fs::symlink("dir/target.txt", p.join("link"))?;
+    std::os::unix::fs::symlink("../nowhere", p.join("dir/dangling"))?;
+    assert_eq!(
+        std::fs::read_link(p.join("link"))?,
+        std::path::PathBuf::from("dir/target.txt")
+    );
+    assert_eq!(std::fs::read(p.join("link"))?, b"pointed at");
+    let meta = emu.metadata("links", "link")?;
+    assert!(
+        meta.contains("\"gcsfuse_symlink_target\":\"dir/target.txt\""),
+        "{meta}"
+    );
+    assert!(emu.get("links", "link")?.is_empty());
+    m.unmount()?;
+
+    let m = Mount::new(&emu, "links", &[])?;
+    let p = m.path();
+    let ls = Command::new("ls").arg("-l").arg(p).output()?;
+    let text = String::from_utf8(ls.stdout)?;
+    assert!(text.contains("link -> dir/target.txt"), "{text}");
+    assert!(std::fs::symlink_metadata(p.join("dir/dangling"))?
+        .file_type()
+        .is_symlink());
+    std::fs::rename(p.join("link"), p.join("renamed"))?;
+    assert_eq!(std::fs::read(p.join("renamed"))?, b"pointed at");
+    std::fs::remove_file(p.join("renamed"))?;
+    assert_eq!(emu.get("links", "dir/target.txt")?, b"pointed at");
+    assert!(!keys(&emu, "links")?.contains(&"renamed".to_string()));
+    m.unmount()
+}

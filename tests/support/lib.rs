@@ -164,6 +164,19 @@ impl Emulator {
         resp.into_reader().read_to_end(&mut buf)?;
         Ok(buf)
     }
+
+    /// The object resource (JSON) of `key`, straight from the emulator.
+    pub fn metadata(&self, bucket: &str, key: &str) -> Result<String> {
+        Ok(self
+            .agent
+            .get(&format!(
+                "{}/storage/v1/b/{bucket}/o/{}",
+                self.url(),
+                encode_path(key)
+            ))
+            .call()?
+            .into_string()?)
+    }
 }
 
 impl Drop for Emulator {

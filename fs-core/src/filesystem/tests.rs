@@ -737,3 +737,58 @@ async fn a_full_cache_waits_for_uploads_and_refuses_only_open_data() {
     assert_eq!(store.object_bytes("b").unwrap(), &[2u8; 60_000][..]);
     assert_eq!(store.object_bytes("c").unwrap(), &[3u8; 50_000][..]);
 }
+
+#[tokio::test]
+async fn symlinks_are_marked_objects_that_survive_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("target.txt", "hello");
+    let fs = writable(&store, dir.path());
+    let l = fs.symlink(ROOT_INO, "link", "target.txt").await.unwrap();
+    assert_eq!(l.kind, Kind::Symlink);
+    assert_eq!(l.size, "target.txt".len() as u64);
+    assert_eq!(fs.readlink(l.ino).await.unwrap(), "target.txt");
+    assert_eq!(
+        fs.symlink(ROOT_INO, "link", "x").await.unwrap_err(),
+        FsError::Exists
+    );
+    let t = fs.lookup(ROOT_INO, "target.txt").await.unwrap();
+    assert_eq!(fs.readlink(t.ino).await.unwrap_err(), FsError::NotSymlink);
+    // In the bucket: an empty object whose metadata names the target.
+    assert_eq!(store.object_bytes("link").unwrap().len(), 0);
+    let meta = store.head("link").await.unwrap();
+    assert_eq!(meta.metadata[SYMLINK_KEY], "target.txt");
+    // Touching a link changes nothing; renaming keeps it a link.
+    fs.setattr(l.ino, None, Some(SystemTime::UNIX_EPOCH), None)
+        .await
+        .unwrap();
+    fs.rename(ROOT_INO, "link", ROOT_INO, "moved")
+        .await
+        .unwrap();
+    let m = fs.lookup(ROOT_INO, "moved").await.unwrap();
+    assert_eq!(m.kind, Kind::Symlink);
+    assert_eq!(fs.readlink(m.ino).await.unwrap(), "target.txt");
+    // A fresh mount sees it as a link too, from a listing.
+    let fresh = writable(&store, &dir.path().join("2"));
+    let fh = fresh.opendir(ROOT_INO).await.unwrap();
+    let mut kinds: Vec<(String, Kind)> = Vec::new();
+    let mut offset = 0;
+    loop {
+        let batch = fresh.readdir(fh, offset).await.unwrap();
+        let Some(last) = batch.last() else { break };
+        offset = last.offset;
+        kinds.extend(
+            batch
+                .into_iter()
+                .filter(|e| !e.name.starts_with('.'))
+                .map(|e| (e.name, e.attr.kind)),
+        );
+    }
+    assert!(
+        kinds.contains(&("moved".to_string(), Kind::Symlink)),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&("target.txt".to_string(), Kind::File)));
+    fs.unlink(ROOT_INO, "moved").await.unwrap();
+    assert!(store.object_bytes("moved").is_none());
+}

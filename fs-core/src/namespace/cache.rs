@@ -20,13 +20,25 @@ use std::time::Duration;
 use moka::sync::Cache;
 use parking_lot::Mutex;
 
-use crate::store::ObjectMeta;
+use super::inode::Kind;
+use crate::store::{ObjectMeta, SYMLINK_KEY};
 
 /// What a path was last seen to be.
 #[derive(Debug, Clone)]
 pub enum Entry {
     Dir,
+    /// A file, or a symbolic link (an object marked with [`SYMLINK_KEY`]).
     File(Arc<ObjectMeta>),
+}
+
+impl Entry {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Entry::Dir => Kind::Dir,
+            Entry::File(m) if m.metadata.contains_key(SYMLINK_KEY) => Kind::Symlink,
+            Entry::File(_) => Kind::File,
+        }
+    }
 }
 
 /// The two metadata caches of one mount.

@@ -20,11 +20,12 @@ use crate::store::ObjectMeta;
 pub type Ino = u64;
 pub const ROOT_INO: Ino = 1;
 
-/// File or directory.
+/// File, directory or symbolic link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
     File,
     Dir,
+    Symlink,
 }
 
 /// One inode.

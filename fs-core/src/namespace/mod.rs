@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 
 use crate::config::MountConfig;
 use crate::error::{FsError, FsResult};
-use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreErrorKind};
+use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreErrorKind, SYMLINK_KEY};
 pub use cache::Entry;
 use cache::MetaCache;
 use inode::InodeTable;
@@ -136,6 +136,16 @@ impl<S: ObjectStore> Namespace<S> {
                 gid: self.cfg.gid,
                 generation: 0,
             },
+            Entry::File(m) if entry.kind() == Kind::Symlink => Attr {
+                ino,
+                kind: Kind::Symlink,
+                size: m.metadata.get(SYMLINK_KEY).map_or(0, |t| t.len() as u64),
+                mtime: m.mtime(),
+                perm: 0o777,
+                uid: self.cfg.uid,
+                gid: self.cfg.gid,
+                generation: m.generation,
+            },
             Entry::File(m) => Attr {
                 ino,
                 kind: Kind::File,
@@ -247,9 +257,10 @@ impl<S: ObjectStore> Namespace<S> {
     /// Registers `path` as `entry` (adding `add_lookups` kernel references) and returns its
     /// attributes.
     pub fn register(&self, path: &str, entry: &Entry, add_lookups: u64) -> Attr {
-        let (kind, meta) = match entry {
-            Entry::Dir => (Kind::Dir, None),
-            Entry::File(m) => (Kind::File, Some(m.clone())),
+        let kind = entry.kind();
+        let meta = match entry {
+            Entry::Dir => None,
+            Entry::File(m) => Some(m.clone()),
         };
         let ino = self.inodes.lock().upsert(path, kind, meta, add_lookups);
         self.attr_for(ino, entry)
@@ -365,9 +376,9 @@ impl<S: ObjectStore> Namespace<S> {
         let t = self.inodes.lock();
         let i = t.get(ino).filter(|i| i.detached)?;
         let entry = match (&i.meta, i.kind) {
-            (Some(m), Kind::File) => Entry::File(m.clone()),
             (_, Kind::Dir) => Entry::Dir,
-            (None, Kind::File) => return None,
+            (Some(m), _) => Entry::File(m.clone()),
+            (None, _) => return None,
         };
         drop(t);
         Some(self.attr_for(ino, &entry))

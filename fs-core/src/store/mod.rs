@@ -23,6 +23,10 @@ use futures::{Stream, StreamExt};
 /// Metadata key that gsutil and rclone use for a file's modification time (seconds since epoch).
 pub const MTIME_KEY: &str = "goog-reserved-file-mtime";
 
+/// Metadata key that makes an object a symbolic link, its value the link's target. The name is
+/// gcsfuse's, so links made by either tool read the same in both. The object's content is empty.
+pub const SYMLINK_KEY: &str = "gcsfuse_symlink_target";
+
 /// What the filesystem needs to know about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {
