@@ -32,6 +32,8 @@ pub struct MountConfig {
     pub reported_free_bytes: u64,
     /// Most objects a directory rename copies; more gives `EXDEV` (and `mv` copies instead).
     pub rename_dir_limit: usize,
+    /// Read and store owner, group and mode in `goog-reserved-posix-*` metadata.
+    pub posix_metadata: bool,
 }
 
 impl MountConfig {
@@ -52,6 +54,7 @@ impl MountConfig {
             max_read_memory: 1024 * 1024 * 1024,
             reported_free_bytes: 1 << 50,
             rename_dir_limit: 10_000,
+            posix_metadata: false,
         }
     }
 

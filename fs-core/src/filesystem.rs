@@ -21,8 +21,8 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{names, Attr, DirEntry, DirStream, Entry, Ino, Kind, Namespace};
 use crate::read::{PrefetchConfig, ReadBudget, Reader};
 use crate::store::{
-    ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY,
-    SYMLINK_KEY,
+    ListRequest, ObjectMeta, ObjectStore, Posix, Precondition, StoreErrorKind, WriteOptions,
+    MTIME_KEY, SYMLINK_KEY,
 };
 use crate::write::writeback::{ItemRef, LocalAttr, Status, WriteBack, WriteConfig};
 
@@ -78,6 +78,8 @@ pub struct Filesystem<S: ObjectStore> {
 }
 
 fn local_entry(key: &str, la: LocalAttr) -> Entry {
+    let mut metadata = HashMap::new();
+    la.posix.to_metadata(&mut metadata);
     Entry::File(Arc::new(ObjectMeta {
         key: key.to_string(),
         generation: 0,
@@ -86,7 +88,7 @@ fn local_entry(key: &str, la: LocalAttr) -> Entry {
         crc32c: None,
         updated: la.mtime,
         content_type: None,
-        metadata: HashMap::new(),
+        metadata,
     }))
 }
 
@@ -291,6 +293,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let la = LocalAttr {
             size: 0,
             mtime: SystemTime::now(),
+            posix: Posix::default(),
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
         let fh = self.add_handle(
@@ -379,6 +382,7 @@ impl<S: ObjectStore> Filesystem<S> {
         mtime: Option<SystemTime>,
         fh: Option<u64>,
     ) -> FsResult<Attr> {
+        tracing::debug!(ino, ?size, ?mtime, ?fh, "setattr");
         let (path, kind) = self.ns.inode_path(ino)?;
         if kind == Kind::Dir {
             if size.is_some() {
@@ -408,6 +412,19 @@ impl<S: ObjectStore> Filesystem<S> {
                 } => Some(item.clone()),
                 _ => None,
             });
+        let unchanged = match &held {
+            Some(item) => w.is_unchanged(item).await,
+            None => w.key_unchanged(&key).await,
+        };
+        if size.is_none() && unchanged {
+            // Only the time of a file as it is in the bucket (`touch` opens it first): patch
+            // its metadata, no upload.
+            if let (Some(t), Ok(Entry::File(m))) = (mtime, self.ns.resolve(&path).await) {
+                let mut md = HashMap::new();
+                md.insert(MTIME_KEY.to_string(), unix_secs(t).to_string());
+                return self.patch_metadata(ino, &path, &key, &m, &md).await;
+            }
+        }
         let (item, temporary) = match held {
             Some(item) => (item, false),
             None => {
@@ -438,6 +455,71 @@ impl<S: ObjectStore> Filesystem<S> {
             w.release(&item).await;
         }
         result?;
+        self.getattr(ino).await
+    }
+
+    /// chmod and chown. With `--posix-metadata` they are stored in `goog-reserved-posix-*`
+    /// metadata (a metadata patch for a file in the bucket, or with the pending upload);
+    /// otherwise, and for directories and links, they are accepted and ignored.
+    pub async fn set_posix(&self, ino: Ino, posix: Posix, fh: Option<u64>) -> FsResult<Attr> {
+        let (path, kind) = self.ns.inode_path(ino)?;
+        if !self.cfg.posix_metadata || kind != Kind::File || posix.is_empty() {
+            return self.getattr(ino).await;
+        }
+        let w = self.writer()?;
+        let key = self.ns.key_of(&path);
+        let held = fh
+            .and_then(|fh| self.handle(fh).ok())
+            .and_then(|f| match &f.io {
+                FileIo::Staged {
+                    item,
+                    writable: true,
+                } => Some(item.clone()),
+                _ => None,
+            });
+        let unchanged = match &held {
+            Some(item) => w.is_unchanged(item).await,
+            None => w.key_unchanged(&key).await,
+        };
+        if unchanged {
+            if let Entry::File(m) = self.ns.resolve(&path).await? {
+                let mut md = HashMap::new();
+                posix.to_metadata(&mut md);
+                let attr = self.patch_metadata(ino, &path, &key, &m, &md).await?;
+                w.note_patched(&key, posix).await;
+                return Ok(attr);
+            }
+        }
+        if let Some(item) = held {
+            w.set_posix(&item, posix, true).await;
+            return self.getattr(ino).await;
+        }
+        // Staged and not in the bucket yet: the change goes up with the file.
+        let item = w.open(&key, None, false).await?;
+        w.set_posix(&item, posix, true).await;
+        let closed = w.close(&item).await;
+        w.release(&item).await;
+        closed?;
+        self.getattr(ino).await
+    }
+
+    /// Sets metadata of the object `m` at `path` in place.
+    async fn patch_metadata(
+        &self,
+        ino: Ino,
+        path: &str,
+        key: &str,
+        m: &ObjectMeta,
+        md: &HashMap<String, String>,
+    ) -> FsResult<Attr> {
+        match self.ns.store().update_metadata(key, m.generation, md).await {
+            Ok(new) => self.ns.note(path, Entry::File(Arc::new(new))),
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
+                self.ns.forget_tree(path);
+                return Err(FsError::Stale);
+            }
+            Err(e) => return Err(e.into()),
+        }
         self.getattr(ino).await
     }
 
@@ -883,4 +965,11 @@ fn same_second(a: SystemTime, b: SystemTime) -> bool {
             .ok()
     };
     secs(a) == secs(b)
+}
+
+/// Whole seconds since the epoch, as object metadata stores times.
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fs_core::filesystem::OpenMode;
-use fs_core::store::ObjectStore;
+use fs_core::store::{ObjectStore, Posix};
 use fs_core::{Attr, FsError, Kind};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -135,9 +135,9 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
@@ -149,14 +149,27 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // chmod and chown are accepted and ignored: ownership and modes come from the mount.
+        // chmod and chown are stored only with --posix-metadata (the core decides).
+        let posix = Posix {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+        };
         let mtime = mtime.map(|t| match t {
             TimeOrNow::SpecificTime(t) => t,
             TimeOrNow::Now => SystemTime::now(),
         });
         let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fh = fh.map(|f| f.0);
         self.rt.spawn(async move {
-            match fs.setattr(ino.0, size, mtime, fh.map(|f| f.0)).await {
+            let result = async {
+                if !posix.is_empty() {
+                    fs.set_posix(ino.0, posix, fh).await?;
+                }
+                fs.setattr(ino.0, size, mtime, fh).await
+            }
+            .await;
+            match result {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }

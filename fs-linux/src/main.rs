@@ -121,6 +121,10 @@ pub struct MountArgs {
     /// Most objects a directory rename moves; more gives EXDEV.
     #[arg(long, default_value_t = 10_000)]
     pub rename_dir_limit: usize,
+    /// Store chmod and chown in goog-reserved-posix-* metadata (as gsutil -P and rclone do)
+    /// and show them. Without it, modes and owners come from the mount options.
+    #[arg(long)]
+    pub posix_metadata: bool,
     /// Mount read-only: every change fails with EROFS.
     #[arg(long)]
     pub read_only: bool,

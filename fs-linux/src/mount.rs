@@ -157,6 +157,7 @@ fn serve(
     cfg.max_read_memory = args.max_read_memory;
 
     cfg.rename_dir_limit = args.rename_dir_limit;
+    cfg.posix_metadata = args.posix_metadata;
     let uid = cfg.uid;
     let gid = cfg.gid;
     let store = Arc::new(store);

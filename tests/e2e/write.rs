@@ -488,3 +488,60 @@ fn symlinks_are_made_read_and_followed() -> Result<()> {
     assert!(!keys(&emu, "links")?.contains(&"renamed".to_string()));
     m.unmount()
 }
+
+/// With `--posix-metadata`, chmod and chown are stored as gsutil's `goog-reserved-posix-*`
+/// metadata and survive a remount; `touch` of a file in the bucket changes only its metadata.
+#[test]
+fn posix_metadata_and_touch_patch_the_object() -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let emu = setup("posix")?;
+    let body = random_bytes(3 * MIB, 41);
+    emu.put("posix", "f", &body)?;
+    let m = Mount::new(&emu, "posix", &["--posix-metadata"])?;
+    let f = m.path().join("f");
+    let generation = |meta: &str| {
+        meta.split("\"generation\":\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .map(str::to_owned)
+    };
+    let before = generation(&emu.metadata("posix", "f")?);
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640))?;
+    std::os::unix::fs::chown(&f, Some(1234), Some(5678))?;
+    let ok = Command::new("touch")
+        .args(["-m", "-d", "2020-09-13 12:26:40 UTC"])
+        .arg(&f)
+        .status()?;
+    assert!(ok.success());
+    let meta = emu.metadata("posix", "f")?;
+    assert!(
+        meta.contains("\"goog-reserved-posix-mode\":\"640\""),
+        "{meta}"
+    );
+    assert!(
+        meta.contains("\"goog-reserved-posix-uid\":\"1234\""),
+        "{meta}"
+    );
+    assert!(
+        meta.contains("\"goog-reserved-posix-gid\":\"5678\""),
+        "{meta}"
+    );
+    assert!(
+        meta.contains("\"goog-reserved-file-mtime\":\"1600000000\""),
+        "{meta}"
+    );
+    assert_eq!(
+        generation(&meta),
+        before,
+        "metadata patched, content not re-uploaded"
+    );
+    assert_eq!(sha256(&emu.get("posix", "f")?), sha256(&body));
+    m.unmount()?;
+
+    let m = Mount::new(&emu, "posix", &["--posix-metadata"])?;
+    let st = std::fs::metadata(m.path().join("f"))?;
+    assert_eq!(st.mode() & 0o7777, 0o640);
+    assert_eq!((st.uid(), st.gid()), (1234, 5678));
+    assert_eq!(st.mtime(), 1_600_000_000);
+    m.unmount()
+}

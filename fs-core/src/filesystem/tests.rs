@@ -792,3 +792,67 @@ async fn symlinks_are_marked_objects_that_survive_rename() {
     fs.unlink(ROOT_INO, "moved").await.unwrap();
     assert!(store.object_bytes("moved").is_none());
 }
+
+#[tokio::test]
+async fn touch_and_chmod_of_a_file_in_the_bucket_patch_metadata_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", vec![7u8; 100_000]);
+    let mut cfg = MountConfig::new("bkt");
+    cfg.posix_metadata = true;
+    let fs = Filesystem::with_write(store.clone(), cfg, wcfg(dir.path(), 0)).unwrap();
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let generation = store.head("f").await.unwrap().generation;
+    let writes = || store.counts.write.load(std::sync::atomic::Ordering::SeqCst);
+    let gets = || store.counts.get.load(std::sync::atomic::Ordering::SeqCst);
+    let (w0, g0) = (writes(), gets());
+
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    let a = fs.setattr(f.ino, None, Some(t), None).await.unwrap();
+    assert_eq!(a.mtime, t);
+    let posix = Posix {
+        mode: Some(0o640),
+        uid: Some(1234),
+        gid: Some(5678),
+    };
+    let a = fs.set_posix(f.ino, posix, None).await.unwrap();
+    assert_eq!((a.perm, a.uid, a.gid), (0o640, 1234, 5678));
+    assert_eq!(
+        (writes() - w0, gets() - g0),
+        (2, 0),
+        "two patches, no upload"
+    );
+    let meta = store.head("f").await.unwrap();
+    assert_eq!(meta.generation, generation, "content untouched");
+    assert_eq!(meta.metadata[MTIME_KEY], "1600000000");
+    assert_eq!(Posix::from_metadata(&meta.metadata), posix);
+
+    // A modified file keeps its mode and owner.
+    let h = fs.open(f.ino, W).await.unwrap();
+    fs.write(h.fh, 0, b"new").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    fs.drain(false).await;
+    let meta = store.head("f").await.unwrap();
+    assert_ne!(meta.generation, generation);
+    assert_eq!(Posix::from_metadata(&meta.metadata), posix);
+    assert_eq!(&store.object_bytes("f").unwrap()[..3], b"new");
+
+    // Without --posix-metadata chmod is accepted and ignored.
+    let plain = writable(&store, &dir.path().join("2"));
+    let f = plain.lookup(ROOT_INO, "f").await.unwrap();
+    let before = writes();
+    let a = plain
+        .set_posix(
+            f.ino,
+            Posix {
+                mode: Some(0o600),
+                ..Posix::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.perm, MountConfig::new("bkt").file_mode);
+    assert_eq!(writes(), before);
+}

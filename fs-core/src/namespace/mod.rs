@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 
 use crate::config::MountConfig;
 use crate::error::{FsError, FsResult};
-use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreErrorKind, SYMLINK_KEY};
+use crate::store::{ListRequest, ObjectMeta, ObjectStore, Posix, StoreErrorKind, SYMLINK_KEY};
 pub use cache::Entry;
 use cache::MetaCache;
 use inode::InodeTable;
@@ -146,16 +146,23 @@ impl<S: ObjectStore> Namespace<S> {
                 gid: self.cfg.gid,
                 generation: m.generation,
             },
-            Entry::File(m) => Attr {
-                ino,
-                kind: Kind::File,
-                size: m.size,
-                mtime: m.mtime(),
-                perm: self.cfg.file_mode,
-                uid: self.cfg.uid,
-                gid: self.cfg.gid,
-                generation: m.generation,
-            },
+            Entry::File(m) => {
+                let posix = if self.cfg.posix_metadata {
+                    Posix::from_metadata(&m.metadata)
+                } else {
+                    Posix::default()
+                };
+                Attr {
+                    ino,
+                    kind: Kind::File,
+                    size: m.size,
+                    mtime: m.mtime(),
+                    perm: posix.mode.map_or(self.cfg.file_mode, |p| p as u16),
+                    uid: posix.uid.unwrap_or(self.cfg.uid),
+                    gid: posix.gid.unwrap_or(self.cfg.gid),
+                    generation: m.generation,
+                }
+            }
         }
     }
 

@@ -23,6 +23,7 @@ use gcloud_storage::http::objects::delete::DeleteObjectRequest;
 use gcloud_storage::http::objects::download::Range as GcsRange;
 use gcloud_storage::http::objects::get::GetObjectRequest;
 use gcloud_storage::http::objects::list::ListObjectsRequest;
+use gcloud_storage::http::objects::patch::PatchObjectRequest;
 use gcloud_storage::http::objects::upload::{UploadObjectRequest, UploadType};
 use gcloud_storage::http::objects::{Object, SourceObjects};
 use gcloud_storage::http::resumable_upload_client::{ChunkSize, UploadStatus};
@@ -455,6 +456,52 @@ impl ObjectStore for GcsStore {
                 .map_err(classify)
         })
         .await
+    }
+
+    async fn update_metadata(
+        &self,
+        key: &str,
+        generation: i64,
+        metadata: &std::collections::HashMap<String, String>,
+    ) -> StoreResult<ObjectMeta> {
+        let req = PatchObjectRequest {
+            bucket: self.bucket.clone(),
+            object: key.to_string(),
+            if_generation_match: Some(generation),
+            metadata: Some(Object {
+                metadata: Some(metadata.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let patched = self
+            .call("patch", key, || async {
+                match self.client.patch_object(&req).await {
+                    Ok(o) => Ok(Some(to_meta(o))),
+                    // The request succeeded but its answer is not an object the client can
+                    // read (fake-gcs-server answers PATCH in its own shape): read it back.
+                    Err(GcsError::HttpClient(e)) if e.is_decode() => Ok(None),
+                    Err(e) => Err(classify(e)),
+                }
+            })
+            .await?;
+        match patched {
+            Some(meta) => Ok(meta),
+            None => {
+                let meta = self.head(key).await?;
+                if meta.generation != generation
+                    || metadata
+                        .iter()
+                        .any(|(k, v)| meta.metadata.get(k) != Some(v))
+                {
+                    return Err(StoreError::new(
+                        StoreErrorKind::PreconditionFailed,
+                        format!("{key} changed while its metadata was updated"),
+                    ));
+                }
+                Ok(meta)
+            }
+        }
     }
 
     async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {

@@ -422,6 +422,28 @@ impl ObjectStore for MemoryStore {
         objects.remove(key);
         Ok(())
     }
+
+    async fn update_metadata(
+        &self,
+        key: &str,
+        generation: i64,
+        metadata: &HashMap<String, String>,
+    ) -> StoreResult<ObjectMeta> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        self.injected_failure()?;
+        let mut objects = self.objects.lock();
+        if !objects.contains_key(key) {
+            return Err(StoreError::not_found(key));
+        }
+        Self::check(&objects, key, Precondition::GenerationMatch(generation))?;
+        let stored = objects
+            .get_mut(key)
+            .ok_or_else(|| StoreError::not_found(key))?;
+        stored.meta.metadata.extend(metadata.clone());
+        stored.meta.metageneration += 1;
+        stored.meta.updated = SystemTime::now();
+        Ok(stored.meta.clone())
+    }
 }
 
 #[cfg(test)]

@@ -68,6 +68,9 @@ pub struct Record {
     pub crc32c: u32,
     /// Modification time, seconds since the epoch, stored as `goog-reserved-file-mtime`.
     pub mtime: i64,
+    /// Custom metadata to upload with the file besides the mtime.
+    #[serde(default, skip_serializing_if = "std::collections::HashMap::is_empty")]
+    pub metadata: HashMap<String, String>,
     #[serde(flatten)]
     pub state: UploadState,
 }
@@ -298,6 +301,7 @@ mod tests {
             size: 10,
             crc32c: 99,
             mtime: 1_700_000_000,
+            metadata: HashMap::new(),
             state,
         }
     }

@@ -35,7 +35,9 @@ use super::staging::StagingFile;
 use super::upload::{upload, Outcome, UploadConfig, UploadJob, UploadSource};
 use crate::error::{FsError, FsResult};
 use crate::namespace::SettleHook;
-use crate::store::{read_range, ObjectMeta, ObjectStore, Precondition, WriteOptions, MTIME_KEY};
+use crate::store::{
+    read_range, ObjectMeta, ObjectStore, Posix, Precondition, WriteOptions, MTIME_KEY,
+};
 
 /// Write-path settings.
 #[derive(Debug, Clone)]
@@ -98,6 +100,7 @@ pub struct Status {
 pub struct LocalAttr {
     pub size: u64,
     pub mtime: SystemTime,
+    pub posix: Posix,
 }
 
 struct Item {
@@ -107,6 +110,9 @@ struct Item {
     base: Option<(String, i64)>,
     staging: StagingFile,
     mtime: SystemTime,
+    /// Custom metadata for the upload besides the mtime: carried over from the object it was
+    /// opened from (so a modified file keeps its mode and the like), plus changes made here.
+    metadata: HashMap<String, String>,
     crc32c: u32,
     version: u64,
     durable: u64,
@@ -255,6 +261,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 base: rec.base_generation.map(|g| (rec.key.clone(), g)),
                 staging,
                 mtime: SystemTime::UNIX_EPOCH + Duration::from_secs(rec.mtime.max(0) as u64),
+                metadata: rec.metadata.clone(),
                 crc32c: rec.crc32c,
                 version: 1,
                 durable: 1,
@@ -317,6 +324,13 @@ impl<S: ObjectStore> WriteBack<S> {
             base: base.map(|m| (m.key.clone(), m.generation)),
             staging,
             mtime: base.map(ObjectMeta::mtime).unwrap_or_else(SystemTime::now),
+            metadata: base
+                .map(|m| {
+                    let mut md = m.metadata.clone();
+                    md.remove(MTIME_KEY);
+                    md
+                })
+                .unwrap_or_default(),
             crc32c: 0,
             // A new or truncated file is a change even if nothing is written to it.
             version: u64::from(new_or_truncated),
@@ -349,6 +363,7 @@ impl<S: ObjectStore> WriteBack<S> {
         Some(LocalAttr {
             size: it.staging.size(),
             mtime: it.mtime,
+            posix: Posix::from_metadata(&it.metadata),
         })
     }
 
@@ -382,6 +397,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 LocalAttr {
                     size: it.staging.size(),
                     mtime: it.mtime,
+                    posix: Posix::from_metadata(&it.metadata),
                 },
             ));
         }
@@ -470,6 +486,41 @@ impl<S: ObjectStore> WriteBack<S> {
         it.version += 1;
     }
 
+    /// Sets owner, group or mode, stored with the upload. With `changed: false` the bucket has
+    /// them already (patched in place) and only a later upload must keep them.
+    pub async fn set_posix(&self, item: &ItemRef, posix: Posix, changed: bool) {
+        let mut it = item.0.item.lock().await;
+        posix.to_metadata(&mut it.metadata);
+        if changed {
+            it.version += 1;
+        }
+    }
+
+    /// Whether nothing was changed through `item` yet: it still equals the object it was
+    /// opened from, so a time or mode change can patch that object instead.
+    pub async fn is_unchanged(&self, item: &ItemRef) -> bool {
+        let it = item.0.item.lock().await;
+        it.version == 0 && it.base.as_ref().is_some_and(|(k, _)| *k == it.key)
+    }
+
+    /// Whether `key` is not being written, or only opened for writing and unchanged so far.
+    pub async fn key_unchanged(&self, key: &str) -> bool {
+        let shared = self.by_key.lock().get(key).cloned();
+        match shared {
+            Some(s) => self.is_unchanged(&ItemRef(s)).await,
+            None => true,
+        }
+    }
+
+    /// Records metadata the bucket's object was given in place, for `key`'s item if one is
+    /// open, so that a later upload keeps it.
+    pub async fn note_patched(&self, key: &str, posix: Posix) {
+        let shared = self.by_key.lock().get(key).cloned();
+        if let Some(s) = shared {
+            self.set_posix(&ItemRef(s), posix, false).await;
+        }
+    }
+
     pub async fn size(&self, item: &ItemRef) -> u64 {
         item.0.item.lock().await.staging.size()
     }
@@ -536,6 +587,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs() as i64)
                 .unwrap_or(0),
+            metadata: it.metadata.clone(),
             state: it.state.clone(),
         }
     }
@@ -859,6 +911,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 };
                 let mut opts = WriteOptions {
                     content_type: Some(content_type(&it.key)),
+                    metadata: it.metadata.clone(),
                     ..Default::default()
                 };
                 let secs = it
