@@ -2,12 +2,16 @@
 //!
 //! The daemon listens on `<cache-dir>/control.sock` (mode 0600, in a 0700 directory, so only
 //! the mount's owner can ask), and links it from a per-user registry named after the
-//! mountpoint, so the CLI finds it from the mountpoint alone. One request, one JSON line back.
+//! mountpoint, so the CLI finds it from the mountpoint alone. One request, one JSON line back:
+//! `status` answers with the upload status; `drain` also starts every pending upload now,
+//! whatever its write-back delay (`unmount` waits on it before unmounting); `skip-drain` tells
+//! the daemon to leave pending uploads journaled when it is unmounted (`unmount --no-wait`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,7 @@ pub fn serve<S: ObjectStore>(
     fs: Arc<Filesystem<S>>,
     cache_dir: &Path,
     mountpoint: &Path,
+    skip_drain: Arc<AtomicBool>,
 ) -> std::io::Result<ControlSocket> {
     let socket = cache_dir.join("control.sock");
     let _ = std::fs::remove_file(&socket);
@@ -64,9 +69,12 @@ pub fn serve<S: ObjectStore>(
     let link = registry_link(mountpoint);
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&socket, &link)?;
+    let draining = Arc::new(AtomicBool::new(false));
     rt.spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let fs = fs.clone();
+            let skip_drain = skip_drain.clone();
+            let draining = draining.clone();
             tokio::spawn(async move {
                 let (r, mut w) = stream.into_split();
                 let mut line = String::new();
@@ -76,6 +84,17 @@ pub fn serve<S: ObjectStore>(
                     .is_err()
                 {
                     return;
+                }
+                match line.trim() {
+                    "skip-drain" => skip_drain.store(true, Ordering::SeqCst),
+                    "drain" if !draining.swap(true, Ordering::SeqCst) => {
+                        let (fs, draining) = (fs.clone(), draining.clone());
+                        tokio::spawn(async move {
+                            fs.drain(true).await;
+                            draining.store(false, Ordering::SeqCst);
+                        });
+                    }
+                    _ => {}
                 }
                 let status = fs.write_status().await;
                 let mut out = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
@@ -89,6 +108,10 @@ pub fn serve<S: ObjectStore>(
 
 /// Asks the mount at `mountpoint` for its status.
 pub fn query(mountpoint: &Path) -> Result<Status, String> {
+    request(mountpoint, "status")
+}
+
+fn request(mountpoint: &Path, what: &str) -> Result<Status, String> {
     let abs = mountpoint
         .canonicalize()
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
@@ -102,7 +125,9 @@ pub fn query(mountpoint: &Path) -> Result<Status, String> {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    stream.write_all(b"status\n").map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("{what}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
     let mut line = String::new();
     BufReader::new(stream)
         .read_line(&mut line)
@@ -121,6 +146,59 @@ pub fn status_command(mountpoint: &Path, wait: bool) -> Result<(), String> {
         print_status(&first, None);
         return Ok(());
     }
+    let last = wait_with_progress(mountpoint, first, false)?;
+    print_status(&last.status, Some(last.rate));
+    Ok(())
+}
+
+/// `bucketdrive unmount MOUNTPOINT [--no-wait]`. By default every pending upload is started
+/// now and waited for, with progress, before the unmount; the daemon then finishes anything
+/// written in between and exits. With `no_wait` the daemon leaves pending uploads journaled for
+/// the next mount.
+pub fn unmount_command(mountpoint: &Path, no_wait: bool) -> Result<(), String> {
+    // A read-only mount has no socket and nothing to upload.
+    let first = request(mountpoint, if no_wait { "skip-drain" } else { "drain" }).ok();
+    let last = match (&first, no_wait) {
+        (Some(first), false) => Some(wait_with_progress(mountpoint, first.clone(), true)?.status),
+        _ => first,
+    };
+    crate::mount::unmount(mountpoint)?;
+    let Some(s) = last else {
+        return Ok(());
+    };
+    // The daemon exits once it has finished; its socket goes with it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while query(mountpoint).is_ok() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if no_wait && s.pending_files > 0 {
+        println!(
+            "{} files ({:.1} MiB) stay staged and upload at the next mount",
+            s.pending_files,
+            mib(s.pending_bytes)
+        );
+    }
+    if !no_wait && s.failed_files > 0 {
+        return Err(format!(
+            "unmounted, but {} files ({:.1} MiB) could not be uploaded; they stay staged and \
+             upload at the next mount",
+            s.failed_files,
+            mib(s.pending_bytes)
+        ));
+    }
+    Ok(())
+}
+
+/// The status when a wait ended, and the upload rate while waiting.
+struct Waited {
+    status: Status,
+    rate: f64,
+}
+
+/// Polls the mount until nothing is pending, with a progress bar on a terminal. With `drain`,
+/// each poll keeps every pending upload going now, and the wait also ends when everything
+/// still pending has failed (it is retried with backoff; waiting longer would not help).
+fn wait_with_progress(mountpoint: &Path, first: Status, drain: bool) -> Result<Waited, String> {
     let started = Instant::now();
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = indicatif::ProgressBar::new(first.pending_bytes.max(1));
@@ -134,20 +212,22 @@ pub fn status_command(mountpoint: &Path, wait: bool) -> Result<(), String> {
     };
     let total = first.pending_bytes;
     loop {
-        let s = query(mountpoint)?;
+        let s = request(mountpoint, if drain { "drain" } else { "status" })?;
         if let Some(b) = &bar {
             b.set_position(total.saturating_sub(s.pending_bytes));
             b.set_message(format!("{} files pending", s.pending_files));
         }
-        if s.pending_files == 0 && s.uploading_files == 0 {
+        // Failed uploads back off; files still being written wait for their close.
+        let stuck =
+            drain && s.uploading_files == 0 && s.failed_files + s.unsaved_files == s.pending_files;
+        if (s.pending_files == 0 && s.uploading_files == 0) || stuck {
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
             let secs = started.elapsed().as_secs_f64();
             let rate =
                 (s.uploaded_bytes.saturating_sub(first.uploaded_bytes)) as f64 / secs.max(0.001);
-            print_status(&s, Some(rate));
-            return Ok(());
+            return Ok(Waited { status: s, rate });
         }
         std::thread::sleep(Duration::from_millis(200));
     }

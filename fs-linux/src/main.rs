@@ -27,8 +27,13 @@ struct Cli {
 enum Command {
     /// Mount BUCKET[/PREFIX] (or gs://BUCKET/PREFIX) on MOUNTPOINT.
     Mount(Box<MountArgs>),
-    /// Unmount a bucketdrive mount.
-    Unmount { mountpoint: PathBuf },
+    /// Unmount a bucketdrive mount, then wait for its pending uploads with progress.
+    Unmount {
+        mountpoint: PathBuf,
+        /// Return at once; pending uploads stay staged and finish at the next mount.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Show what a mount has staged, is uploading, and has uploaded.
     Status {
         mountpoint: PathBuf,
@@ -155,7 +160,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Unmount { mountpoint } => match mount::unmount(&mountpoint) {
+        Command::Unmount {
+            mountpoint,
+            no_wait,
+        } => match control::unmount_command(&mountpoint, no_wait) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bucketdrive: {e}");

@@ -230,10 +230,11 @@ fn serve(
         }
     });
 
+    let skip_drain = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _control = if fs.is_read_only() {
         None
     } else {
-        match crate::control::serve(&rt, fs.clone(), &cache_dir, mountpoint) {
+        match crate::control::serve(&rt, fs.clone(), &cache_dir, mountpoint, skip_drain.clone()) {
             Ok(c) => Some(c),
             Err(e) => {
                 tracing::warn!("no status socket: {e}");
@@ -248,6 +249,15 @@ fn serve(
     // Uploads still pending finish before the process exits; whatever cannot be uploaded stays
     // journaled for the next mount.
     let status = rt.block_on(fs.write_status());
+    if skip_drain.load(std::sync::atomic::Ordering::SeqCst) {
+        tracing::info!(
+            files = status.pending_files,
+            bytes = status.pending_bytes,
+            "unmounted without waiting: pending uploads stay staged for the next mount"
+        );
+        rt.shutdown_timeout(std::time::Duration::from_secs(1));
+        return result.map_err(|e| format!("FUSE session failed: {e}"));
+    }
     if status.pending_files > 0 {
         tracing::info!(
             files = status.pending_files,

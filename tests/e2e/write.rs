@@ -545,3 +545,53 @@ fn posix_metadata_and_touch_patch_the_object() -> Result<()> {
     assert_eq!(st.mtime(), 1_600_000_000);
     m.unmount()
 }
+
+/// `bucketdrive unmount` returns once every pending upload is in the bucket, whatever the
+/// write-back delay; with `--no-wait` it returns at once and the next mount uploads them.
+#[test]
+fn unmount_waits_for_uploads_unless_told_not_to() -> Result<()> {
+    let emu = setup("unmount")?;
+    let cache = tempfile::tempdir()?;
+    let unmount = |m: &Mount, extra: &[&str]| -> Result<String> {
+        let out = Command::new(bucketdrive_tests::bucketdrive_bin())
+            .arg("unmount")
+            .args(extra)
+            .arg(m.path())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    };
+
+    let m = Mount::with_cache(&emu, "unmount", cache.path(), &["--write-back-delay", "1h"])?;
+    let mut want = Vec::new();
+    for i in 0..5u64 {
+        let data = random_bytes(2 * MIB + i as usize, 500 + i);
+        std::fs::write(m.path().join(format!("w{i}")), &data)?;
+        want.push((format!("w{i}"), sha256(&data)));
+    }
+    unmount(&m, &[])?;
+    for (name, sha) in &want {
+        assert_eq!(
+            &sha256(&emu.get("unmount", name)?),
+            sha,
+            "{name} in the bucket on return"
+        );
+    }
+    m.unmount()?;
+
+    let m = Mount::with_cache(&emu, "unmount", cache.path(), &["--write-back-delay", "1h"])?;
+    let later = random_bytes(MIB, 600);
+    std::fs::write(m.path().join("later"), &later)?;
+    let said = unmount(&m, &["--no-wait"])?;
+    assert!(said.contains("1 files"), "{said}");
+    assert!(emu.get("unmount", "later").is_err(), "left staged");
+    m.unmount()?;
+
+    let m = Mount::with_cache(&emu, "unmount", cache.path(), &[])?;
+    wait_for_object(&emu, "unmount", "later", &sha256(&later), 60)?;
+    m.unmount()
+}

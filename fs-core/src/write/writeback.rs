@@ -93,6 +93,12 @@ pub struct Status {
     pub uploaded_bytes: u64,
     pub conflicts: u64,
     pub failures: u64,
+    /// Pending files whose latest upload attempt failed (retried with backoff).
+    #[serde(default)]
+    pub failed_files: u64,
+    /// Pending files with changes not yet closed or fsync'd (still being written).
+    #[serde(default)]
+    pub unsaved_files: u64,
 }
 
 /// Size and modification time of a file being written, which override the bucket's.
@@ -1061,6 +1067,11 @@ impl<S: ObjectStore> WriteBack<S> {
             if !it.unlinked && it.version > it.uploaded {
                 s.pending_files += 1;
                 s.pending_bytes += it.staging.size();
+                if it.version > it.durable {
+                    s.unsaved_files += 1;
+                } else if it.failures > 0 {
+                    s.failed_files += 1;
+                }
             }
         }
         s
