@@ -403,19 +403,7 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         let w = self.writer()?;
         let key = self.ns.key_of(&path);
-        let held = fh
-            .and_then(|fh| self.handle(fh).ok())
-            .and_then(|f| match &f.io {
-                FileIo::Staged {
-                    item,
-                    writable: true,
-                } => Some(item.clone()),
-                _ => None,
-            });
-        let unchanged = match &held {
-            Some(item) => w.is_unchanged(item).await,
-            None => w.key_unchanged(&key).await,
-        };
+        let (held, unchanged) = self.held_item(fh, &key).await?;
         if size.is_none() && unchanged {
             // Only the time of a file as it is in the bucket (`touch` opens it first): patch
             // its metadata, no upload.
@@ -458,16 +446,10 @@ impl<S: ObjectStore> Filesystem<S> {
         self.getattr(ino).await
     }
 
-    /// chmod and chown. With `--posix-metadata` they are stored in `goog-reserved-posix-*`
-    /// metadata (a metadata patch for a file in the bucket, or with the pending upload);
-    /// otherwise, and for directories and links, they are accepted and ignored.
-    pub async fn set_posix(&self, ino: Ino, posix: Posix, fh: Option<u64>) -> FsResult<Attr> {
-        let (path, kind) = self.ns.inode_path(ino)?;
-        if !self.cfg.posix_metadata || kind != Kind::File || posix.is_empty() {
-            return self.getattr(ino).await;
-        }
+    /// The writable item `fh` holds, if any, and whether the file is still as it is in the
+    /// bucket (nothing changed through that item, or through any item of `key` without one).
+    async fn held_item(&self, fh: Option<u64>, key: &str) -> FsResult<(Option<ItemRef>, bool)> {
         let w = self.writer()?;
-        let key = self.ns.key_of(&path);
         let held = fh
             .and_then(|fh| self.handle(fh).ok())
             .and_then(|f| match &f.io {
@@ -479,8 +461,22 @@ impl<S: ObjectStore> Filesystem<S> {
             });
         let unchanged = match &held {
             Some(item) => w.is_unchanged(item).await,
-            None => w.key_unchanged(&key).await,
+            None => w.key_unchanged(key).await,
         };
+        Ok((held, unchanged))
+    }
+
+    /// chmod and chown. With `--posix-metadata` they are stored in `goog-reserved-posix-*`
+    /// metadata (a metadata patch for a file in the bucket, or with the pending upload);
+    /// otherwise, and for directories and links, they are accepted and ignored.
+    pub async fn set_posix(&self, ino: Ino, posix: Posix, fh: Option<u64>) -> FsResult<Attr> {
+        let (path, kind) = self.ns.inode_path(ino)?;
+        if !self.cfg.posix_metadata || kind != Kind::File || posix.is_empty() {
+            return self.getattr(ino).await;
+        }
+        let w = self.writer()?;
+        let key = self.ns.key_of(&path);
+        let (held, unchanged) = self.held_item(fh, &key).await?;
         if unchanged {
             if let Entry::File(m) = self.ns.resolve(&path).await? {
                 let mut md = HashMap::new();

@@ -3,7 +3,8 @@
 //! Requests flow one way: an adapter (FUSE or WinFsp) calls the [`Filesystem`] facade, which
 //! uses the [`namespace`] (what exists, inode numbers, caches) and the [`read`] path
 //! (read-ahead within a memory budget), which both talk to the bucket only through the
-//! [`store::ObjectStore`] trait. No layer knows about the one above it.
+//! [`store::ObjectStore`] trait. No layer knows about the one above it. [`windows`] holds what
+//! Windows needs to see differently (names, times, attributes), tested here on Linux.
 
 pub mod config;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod filesystem;
 pub mod namespace;
 pub mod read;
 pub mod store;
+pub mod windows;
 pub mod write;
 
 pub use config::MountConfig;

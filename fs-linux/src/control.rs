@@ -239,7 +239,11 @@ fn print_status(s: &Status, rate: Option<f64>) {
         s.pending_files,
         mib(s.pending_bytes)
     );
-    println!("uploading: {} files", s.uploading_files);
+    println!(
+        "uploading: {} files, {:.1} MiB/s over the last 10 s",
+        s.uploading_files,
+        mib(s.upload_rate)
+    );
     println!(
         "uploaded:  {} files, {:.1} MiB since mount",
         s.uploaded_files,

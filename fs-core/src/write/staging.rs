@@ -4,6 +4,10 @@
 //! are really present (written by the user, or fetched from the bucket for a read or a partial
 //! overwrite), so a hole is never mistaken for zeros, and fetched bytes never overwrite what the
 //! user wrote. Files are created mode 0600.
+//!
+//! It also keeps the CRC32C of its longest prefix written in order, so the commit of a file
+//! written front to back (a copy, a download, `dd`) needs no second pass over its bytes: for a
+//! 1 GiB file that pass was a third of the time `close()` took.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -20,6 +24,8 @@ pub struct StagingFile {
     file: File,
     size: u64,
     present: RangeSet,
+    /// (n, CRC32C of bytes 0..n), while bytes 0..n are known and unchanged since.
+    prefix_crc: Option<(u64, u32)>,
 }
 
 impl StagingFile {
@@ -39,6 +45,7 @@ impl StagingFile {
             file,
             size,
             present,
+            prefix_crc: (size == 0).then_some((0, 0)),
         })
     }
 
@@ -51,6 +58,7 @@ impl StagingFile {
             file,
             size,
             present: RangeSet::full(0..size),
+            prefix_crc: None,
         })
     }
 
@@ -85,6 +93,7 @@ impl StagingFile {
     /// Writes user data. The file grows as needed; a gap it leaves reads as zeros, as on a disk.
     pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.file.write_all_at(data, offset)?;
+        self.track_crc(offset, data);
         let end = offset + data.len() as u64;
         if offset > self.size {
             // The hole between the old end and this write is zeros, not bucket data.
@@ -103,6 +112,7 @@ impl StagingFile {
             let from = (gap.start - offset) as usize;
             let to = (gap.end - offset) as usize;
             self.file.write_all_at(&data[from..to], gap.start)?;
+            self.track_crc(gap.start, &data[from..to]);
             self.present.insert(gap);
         }
         Ok(())
@@ -127,6 +137,9 @@ impl StagingFile {
     /// Shrinks or grows the file. Growth is zeros, present locally.
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
         self.file.set_len(len)?;
+        if self.prefix_crc.is_some_and(|(n, _)| len < n) {
+            self.prefix_crc = None;
+        }
         if len > self.size {
             self.present.insert(self.size..len);
         } else {
@@ -134,6 +147,18 @@ impl StagingFile {
         }
         self.size = len;
         Ok(())
+    }
+
+    /// Extends the prefix CRC with bytes written at `offset`, or drops it if they change the
+    /// prefix.
+    fn track_crc(&mut self, offset: u64, data: &[u8]) {
+        self.prefix_crc = match self.prefix_crc {
+            Some((n, _)) if offset < n => None,
+            Some((n, crc)) if offset == n => {
+                Some((n + data.len() as u64, crc32c::crc32c_append(crc, data)))
+            }
+            other => other,
+        };
     }
 
     /// Makes the data durable.
@@ -146,7 +171,10 @@ impl StagingFile {
         if !self.is_complete() {
             return Err(io::Error::other("staging file is not complete"));
         }
-        crc32c_of_file(&self.file, self.size)
+        match self.prefix_crc {
+            Some((n, crc)) if n == self.size => Ok(crc),
+            _ => crc32c_of_file(&self.file, self.size),
+        }
     }
 
     /// Reads `range` of a complete file, for upload.
@@ -196,6 +224,33 @@ mod tests {
         assert_eq!(&all[10..14], b"USER");
         assert_eq!(&all[14..], &[b'b'; 86][..]);
         assert_eq!(f.crc32c().unwrap(), crc32c::crc32c(&all));
+    }
+
+    proptest::proptest! {
+        /// The CRC kept while writing equals a full pass over the file, whatever mix of
+        /// in-order writes, rewrites, gaps and truncations made it.
+        #[test]
+        fn running_crc_equals_a_full_pass(ops in proptest::collection::vec(
+            (0u8..4, 0u64..3000, 1usize..700), 1..40)) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut f = StagingFile::create(&dir.path().join("c"), 0, RangeSet::new()).unwrap();
+            let mut next = 0u64;
+            for (i, (op, at, len)) in ops.into_iter().enumerate() {
+                let data = vec![i as u8 ^ 0x5a; len];
+                match op {
+                    // Mostly in order, as a copy writes.
+                    0 | 1 => {
+                        f.write_at(next, &data).unwrap();
+                        next += len as u64;
+                    }
+                    2 => f.write_at(at, &data).unwrap(),
+                    _ => f.truncate(at).unwrap(),
+                }
+                next = next.min(f.size());
+                let all = f.read_at(0, f.size() as usize).unwrap();
+                proptest::prop_assert_eq!(f.crc32c().unwrap(), crc32c::crc32c(&all));
+            }
+        }
     }
 
     #[test]

@@ -80,6 +80,37 @@ pub struct Counters {
     pub uploading_files: AtomicU64,
     pub conflicts: AtomicU64,
     pub failures: AtomicU64,
+    /// (when, bytes) of the uploads finished in the last [`RATE_WINDOW`].
+    recent: parking_lot::Mutex<std::collections::VecDeque<(Instant, u64)>>,
+}
+
+/// The window the current upload throughput is measured over.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+impl Counters {
+    fn record_upload(&self, size: u64) {
+        self.uploaded_bytes.fetch_add(size, Ordering::Relaxed);
+        self.uploaded_files.fetch_add(1, Ordering::Relaxed);
+        let mut recent = self.recent.lock();
+        recent.push_back((Instant::now(), size));
+        Self::prune(&mut recent);
+    }
+
+    fn prune(recent: &mut std::collections::VecDeque<(Instant, u64)>) {
+        while recent
+            .front()
+            .is_some_and(|(t, _)| t.elapsed() > RATE_WINDOW)
+        {
+            recent.pop_front();
+        }
+    }
+
+    /// Bytes per second of uploads finished over the last [`RATE_WINDOW`].
+    fn rate(&self) -> u64 {
+        let mut recent = self.recent.lock();
+        Self::prune(&mut recent);
+        recent.iter().map(|(_, b)| b).sum::<u64>() / RATE_WINDOW.as_secs()
+    }
 }
 
 /// A snapshot of the engine for `status`.
@@ -99,6 +130,9 @@ pub struct Status {
     /// Pending files with changes not yet closed or fsync'd (still being written).
     #[serde(default)]
     pub unsaved_files: u64,
+    /// Bytes per second of uploads that finished in the last ten seconds.
+    #[serde(default)]
+    pub upload_rate: u64,
 }
 
 /// Size and modification time of a file being written, which override the bucket's.
@@ -987,10 +1021,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     it.uploaded = version;
                     it.failures = 0;
                     it.state = UploadState::Staged;
-                    self.counters.uploaded_files.fetch_add(1, Ordering::Relaxed);
-                    self.counters
-                        .uploaded_bytes
-                        .fetch_add(size, Ordering::Relaxed);
+                    self.counters.record_upload(size);
                     if it.durable == version {
                         let _ = self.journal.remove(it.id);
                     }
@@ -1060,6 +1091,7 @@ impl<S: ObjectStore> WriteBack<S> {
             uploaded_bytes: self.counters.uploaded_bytes.load(Ordering::Relaxed),
             conflicts: self.counters.conflicts.load(Ordering::Relaxed),
             failures: self.counters.failures.load(Ordering::Relaxed),
+            upload_rate: self.counters.rate(),
             ..Default::default()
         };
         for shared in items {

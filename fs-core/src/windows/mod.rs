@@ -1,0 +1,83 @@
+//! Windows semantics, kept in the core so they are tested on Linux: the WinFsp adapter only
+//! translates. This module owns how object names become Windows names ([`names`]), and how
+//! times and attributes look to Windows.
+
+pub mod names;
+
+use std::time::{Duration, SystemTime};
+
+use crate::namespace::Kind;
+
+/// 100-nanosecond intervals between 1601-01-01 (the FILETIME epoch) and 1970-01-01.
+const FILETIME_UNIX_EPOCH: u64 = 116_444_736_000_000_000;
+
+/// A time as a Windows FILETIME. Times before 1601 become 0.
+pub fn to_filetime(t: SystemTime) -> u64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => FILETIME_UNIX_EPOCH.saturating_add((d.as_nanos() / 100) as u64),
+        Err(e) => FILETIME_UNIX_EPOCH.saturating_sub((e.duration().as_nanos() / 100) as u64),
+    }
+}
+
+/// The time of a Windows FILETIME.
+pub fn from_filetime(ft: u64) -> SystemTime {
+    if ft >= FILETIME_UNIX_EPOCH {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos((ft - FILETIME_UNIX_EPOCH) * 100)
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_nanos((FILETIME_UNIX_EPOCH - ft) * 100)
+    }
+}
+
+pub const FILE_ATTRIBUTE_READONLY: u32 = 0x1;
+pub const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
+pub const FILE_ATTRIBUTE_ARCHIVE: u32 = 0x20;
+pub const FILE_ATTRIBUTE_REPARSE_POINT: u32 = 0x400;
+
+/// The attributes Windows sees: a directory, or a file marked archive (a file not yet backed up,
+/// which is what Explorer expects of a new file); read-only on a read-only mount.
+pub fn attributes(kind: Kind, read_only: bool) -> u32 {
+    let base = match kind {
+        Kind::Dir => FILE_ATTRIBUTE_DIRECTORY,
+        Kind::File => FILE_ATTRIBUTE_ARCHIVE,
+        Kind::Symlink => FILE_ATTRIBUTE_ARCHIVE | FILE_ATTRIBUTE_REPARSE_POINT,
+    };
+    if read_only {
+        base | FILE_ATTRIBUTE_READONLY
+    } else {
+        base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filetimes_round_trip_and_match_known_values() {
+        assert_eq!(to_filetime(SystemTime::UNIX_EPOCH), FILETIME_UNIX_EPOCH);
+        // 2020-09-13T12:26:40Z, as Windows shows it.
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+        assert_eq!(to_filetime(t), 132_444_736_000_000_000);
+        for t in [
+            t,
+            t + Duration::from_nanos(123_400),
+            SystemTime::UNIX_EPOCH - Duration::from_secs(86_400),
+        ] {
+            assert_eq!(from_filetime(to_filetime(t)), t);
+        }
+        assert_eq!(
+            to_filetime(SystemTime::UNIX_EPOCH - Duration::from_secs(20_000_000_000)),
+            0
+        );
+    }
+
+    #[test]
+    fn attributes_by_kind_and_mount() {
+        assert_eq!(attributes(Kind::Dir, false), FILE_ATTRIBUTE_DIRECTORY);
+        assert_eq!(attributes(Kind::File, false), FILE_ATTRIBUTE_ARCHIVE);
+        assert_eq!(
+            attributes(Kind::File, true),
+            FILE_ATTRIBUTE_ARCHIVE | FILE_ATTRIBUTE_READONLY
+        );
+    }
+}

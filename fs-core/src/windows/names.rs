@@ -1,0 +1,250 @@
+//! The reversible mapping between object names and Windows names.
+//!
+//! Windows forbids `\ : * ? " < > |` and control characters in a name, strips a trailing dot or
+//! space, and reserves the device names CON, PRN, AUX, NUL, COM1–9 and LPT1–9 (with any
+//! extension). Object names may hold all of these. Each such character is shown as a look-alike
+//! from another Unicode block, the scheme rclone uses, so Explorer shows something close to the
+//! real name and a save writes the real name back:
+//!
+//! | object | Windows |
+//! |---|---|
+//! | `\ : * ? " < > \|` | their full-width forms `＼ ： ＊ ？ ＂ ＜ ＞ ｜` |
+//! | control characters U+0001–U+001F | control pictures U+2401–U+241F |
+//! | a trailing `.` / a trailing space | `．` (U+FF0E) / `␠` (U+2420) |
+//! | a device name such as `con.txt` | its first letter full-width: `ｃon.txt` |
+//!
+//! The mapping is a bijection from object names onto the names it produces: an object name that
+//! already contains one of those look-alikes, where decoding would turn it back, shows it behind
+//! the quote `‛` (U+201B), and a literal `‛` shows as `‛‛`. So every object has exactly one
+//! Windows name, and two objects never collide on one. A quote typed in Windows where the
+//! mapping would not put one stands for itself.
+
+/// The quote that marks a look-alike that stands for itself.
+const QUOTE: char = '\u{201B}';
+
+/// Characters Windows forbids anywhere in a name, and their look-alikes.
+const FORBIDDEN: [(char, char); 8] = [
+    ('\\', '\u{FF3C}'),
+    (':', '\u{FF1A}'),
+    ('*', '\u{FF0A}'),
+    ('?', '\u{FF1F}'),
+    ('"', '\u{FF02}'),
+    ('<', '\u{FF1C}'),
+    ('>', '\u{FF1E}'),
+    ('|', '\u{FF5C}'),
+];
+
+const TRAILING_DOT: char = '\u{FF0E}';
+const TRAILING_SPACE: char = '\u{2420}';
+
+/// Device names Windows reserves, with or without an extension.
+const DEVICES: [&str; 22] = [
+    "CON", "PRN", "AUX", "NUL", "COM1", "COM2", "COM3", "COM4", "COM5", "COM6", "COM7", "COM8",
+    "COM9", "LPT1", "LPT2", "LPT3", "LPT4", "LPT5", "LPT6", "LPT7", "LPT8", "LPT9",
+];
+
+/// The look-alike of a character Windows forbids anywhere, if it is one.
+fn anywhere_image(c: char) -> Option<char> {
+    if let Some((_, img)) = FORBIDDEN.iter().find(|(f, _)| *f == c) {
+        return Some(*img);
+    }
+    let u = c as u32;
+    (1..0x20)
+        .contains(&u)
+        .then(|| char::from_u32(0x2400 + u))
+        .flatten()
+}
+
+/// The character a look-alike of [`anywhere_image`] stands for.
+fn anywhere_original(c: char) -> Option<char> {
+    if let Some((orig, _)) = FORBIDDEN.iter().find(|(_, img)| *img == c) {
+        return Some(*orig);
+    }
+    let u = c as u32;
+    (0x2401..0x2420)
+        .contains(&u)
+        .then(|| char::from_u32(u - 0x2400))
+        .flatten()
+}
+
+/// The full-width form of an ASCII letter.
+fn wide(c: char) -> Option<char> {
+    c.is_ascii_alphabetic()
+        .then(|| char::from_u32(c as u32 - 0x21 + 0xFF01))
+        .flatten()
+}
+
+/// The ASCII letter a full-width letter stands for.
+fn narrow(c: char) -> Option<char> {
+    let u = c as u32;
+    ((0xFF21..=0xFF3A).contains(&u) || (0xFF41..=0xFF5A).contains(&u))
+        .then(|| char::from_u32(u - 0xFF01 + 0x21))
+        .flatten()
+}
+
+/// Whether `first` followed by `rest` is a device name (the part before the first dot).
+fn is_device(first: char, rest: &str) -> bool {
+    let stem_rest = rest.split('.').next().unwrap_or("");
+    let stem: String = std::iter::once(first).chain(stem_rest.chars()).collect();
+    DEVICES.iter().any(|d| d.eq_ignore_ascii_case(&stem))
+}
+
+/// The Windows name of the object name `name` (one path component).
+pub fn to_windows(name: &str) -> String {
+    let chars: Vec<char> = name.chars().collect();
+    let last = chars.len().saturating_sub(1);
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, &c) in chars.iter().enumerate() {
+        let rest: String = chars[i + 1..].iter().collect();
+        if i == 0 && is_device(c, &rest) {
+            if let Some(w) = wide(c) {
+                out.push(w);
+                continue;
+            }
+        }
+        if i == last && c == '.' {
+            out.push(TRAILING_DOT);
+            continue;
+        }
+        if i == last && c == ' ' {
+            out.push(TRAILING_SPACE);
+            continue;
+        }
+        if let Some(img) = anywhere_image(c) {
+            out.push(img);
+            continue;
+        }
+        // A literal look-alike that decoding would turn back gets the quote.
+        let decodes = c == QUOTE
+            || anywhere_original(c).is_some()
+            || (i == last && (c == TRAILING_DOT || c == TRAILING_SPACE))
+            || (i == 0 && narrow(c).is_some_and(|n| is_device(n, &rest)));
+        if decodes {
+            out.push(QUOTE);
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The object name of the Windows name `name`; the inverse of [`to_windows`].
+pub fn from_windows(name: &str) -> String {
+    let chars: Vec<char> = name.chars().collect();
+    let last = chars.len().saturating_sub(1);
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == QUOTE && i < last {
+            // Exactly what `to_windows` quotes; any other quote stands for itself.
+            let n = chars[i + 1];
+            let after: String = chars[i + 2..].iter().collect();
+            let quoted = n == QUOTE
+                || anywhere_original(n).is_some()
+                || (i + 1 == last && (n == TRAILING_DOT || n == TRAILING_SPACE))
+                || (i == 0 && narrow(n).is_some_and(|m| is_device(m, &after)));
+            if quoted {
+                out.push(n);
+                i += 2;
+                continue;
+            }
+        }
+        let rest: String = chars[i + 1..].iter().collect();
+        let decoded = if i == 0 {
+            narrow(c).filter(|n| is_device(*n, &rest))
+        } else {
+            None
+        }
+        .or_else(|| match c {
+            TRAILING_DOT if i == last => Some('.'),
+            TRAILING_SPACE if i == last => Some(' '),
+            _ => anywhere_original(c),
+        });
+        out.push(decoded.unwrap_or(c));
+        i += 1;
+    }
+    out
+}
+
+/// Whether a name is one Windows accepts as it is (nothing in it needs mapping).
+pub fn is_windows_safe(name: &str) -> bool {
+    to_windows(name) == name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn every_mapped_case_round_trips() {
+        let cases = [
+            ("a:b", "a\u{FF1A}b"),
+            ("what?.txt", "what\u{FF1F}.txt"),
+            ("back\\slash", "back\u{FF3C}slash"),
+            ("star*<>|\"", "star\u{FF0A}\u{FF1C}\u{FF1E}\u{FF5C}\u{FF02}"),
+            ("tab\there", "tab\u{2409}here"),
+            ("\u{1}", "\u{2401}"),
+            ("ends.", "ends\u{FF0E}"),
+            ("ends ", "ends\u{2420}"),
+            ("dots..", "dots.\u{FF0E}"),
+            ("CON", "\u{FF23}ON"),
+            ("con.txt", "\u{FF43}on.txt"),
+            ("Lpt9.tar.gz", "\u{FF2C}pt9.tar.gz"),
+            ("nul", "\u{FF4E}ul"),
+            ("console", "console"),
+            ("COM10", "COM10"),
+            ("plain name.txt", "plain name.txt"),
+            ("\u{FF1A}", "\u{201B}\u{FF1A}"),
+            ("\u{201B}", "\u{201B}\u{201B}"),
+            ("x\u{FF0E}", "x\u{201B}\u{FF0E}"),
+            ("\u{FF0E}x", "\u{FF0E}x"),
+            ("\u{FF23}ON", "\u{201B}\u{FF23}ON"),
+            ("\u{FF23}AT", "\u{FF23}AT"),
+            ("日本語", "日本語"),
+        ];
+        for (object, windows) in cases {
+            assert_eq!(to_windows(object), windows, "to_windows({object:?})");
+            assert_eq!(from_windows(windows), object, "from_windows({windows:?})");
+        }
+        assert!(is_windows_safe("report.docx"));
+        assert!(!is_windows_safe("a:b"));
+    }
+
+    fn tricky_char() -> impl Strategy<Value = char> {
+        prop_oneof![
+            prop::sample::select(vec![
+                '\\', ':', '*', '?', '"', '<', '>', '|', '.', ' ', '\u{1}', '\u{1f}', QUOTE,
+                '\u{FF1A}', '\u{FF0E}', '\u{2420}', '\u{2401}', '\u{FF23}', '\u{FF4E}', 'C', 'o',
+                'n', 'N', 'U', 'L', '1', 'M', 'P', 'T',
+            ]),
+            any::<char>(),
+        ]
+    }
+
+    proptest! {
+        /// Decoding inverts encoding, encoding inverts decoding on every encoded name, and an
+        /// encoded name never holds a character Windows forbids: a bijection.
+        #[test]
+        fn the_mapping_is_a_bijection(chars in prop::collection::vec(tricky_char(), 1..12)) {
+            let name: String = chars.into_iter().filter(|c| *c != '/' && *c != '\0').collect();
+            let win = to_windows(&name);
+            prop_assert_eq!(from_windows(&win), name.clone());
+            prop_assert_eq!(to_windows(&from_windows(&win)), win.clone());
+            prop_assert!(!win.chars().any(|c| anywhere_image(c).is_some()), "{:?}", win);
+            prop_assert!(!win.ends_with('.') && !win.ends_with(' '), "{:?}", win);
+            let stem = win.split('.').next().unwrap_or("");
+            prop_assert!(!DEVICES.iter().any(|d| d.eq_ignore_ascii_case(stem)), "{:?}", win);
+        }
+
+        /// Two different object names never share a Windows name.
+        #[test]
+        fn distinct_names_stay_distinct(a in prop::collection::vec(tricky_char(), 1..6),
+                                        b in prop::collection::vec(tricky_char(), 1..6)) {
+            let (a, b): (String, String) = (a.into_iter().collect(), b.into_iter().collect());
+            if a != b {
+                prop_assert_ne!(to_windows(&a), to_windows(&b));
+            }
+        }
+    }
+}
