@@ -107,6 +107,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
+        "p" | "pb" | "pib" => 1 << 50,
         _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?}")),
     };
     n.checked_mul(mult)

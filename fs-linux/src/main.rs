@@ -130,6 +130,10 @@ pub struct MountArgs {
     /// and show them. Without it, modes and owners come from the mount options.
     #[arg(long)]
     pub posix_metadata: bool,
+    /// Free space statfs reports (a bucket has no limit; some programs refuse to copy onto a
+    /// disk that looks full). Never 0.
+    #[arg(long, value_parser = parse_size, default_value = "1PiB")]
+    pub free_space: u64,
     /// Mount read-only: every change fails with EROFS.
     #[arg(long)]
     pub read_only: bool,

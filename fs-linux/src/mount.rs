@@ -158,6 +158,7 @@ fn serve(
 
     cfg.rename_dir_limit = args.rename_dir_limit;
     cfg.posix_metadata = args.posix_metadata;
+    cfg.reported_free_bytes = args.free_space.max(1 << 20);
     let uid = cfg.uid;
     let gid = cfg.gid;
     let store = Arc::new(store);

@@ -171,6 +171,46 @@ pub fn is_windows_safe(name: &str) -> bool {
     to_windows(name) == name
 }
 
+/// Windows names for one directory's object names: the mapped name, made unique without regard
+/// to case, since Windows looks names up case-insensitively. Among names that differ only by
+/// case, the first in byte order keeps its name; each other one gets ` (case N)` before its
+/// extension, with the smallest N ≥ 2 that collides with nothing else in the directory. The
+/// result depends only on the set of names, so every listing shows the same thing.
+pub fn directory_names<'a>(
+    object_names: impl IntoIterator<Item = &'a str>,
+) -> Vec<(String, String)> {
+    let mut names: Vec<&str> = object_names.into_iter().collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(names.len());
+    let mut collided = Vec::new();
+    for name in names {
+        let win = to_windows(name);
+        if taken.insert(win.to_lowercase()) {
+            out.push((name.to_string(), win));
+        } else {
+            collided.push((name, win));
+        }
+    }
+    for (name, win) in collided {
+        let (stem, ext) = match win.rfind('.') {
+            Some(i) if i > 0 => win.split_at(i),
+            _ => (win.as_str(), ""),
+        };
+        let mut n = 2;
+        let unique = loop {
+            let candidate = format!("{stem} (case {n}){ext}");
+            if taken.insert(candidate.to_lowercase()) {
+                break candidate;
+            }
+            n += 1;
+        };
+        out.push((name.to_string(), unique));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +249,40 @@ mod tests {
         }
         assert!(is_windows_safe("report.docx"));
         assert!(!is_windows_safe("a:b"));
+    }
+
+    #[test]
+    fn names_differing_only_by_case_get_a_deterministic_suffix() {
+        let got = directory_names([
+            "report.txt",
+            "Report.txt",
+            "REPORT.TXT",
+            "report (case 2).txt",
+            "b",
+        ]);
+        let map: std::collections::HashMap<_, _> = got.into_iter().collect();
+        assert_eq!(
+            map["REPORT.TXT"], "REPORT.TXT",
+            "first in byte order keeps its name"
+        );
+        assert_eq!(map["report (case 2).txt"], "report (case 2).txt");
+        assert_eq!(map["Report.txt"], "Report (case 3).txt");
+        assert_eq!(map["report.txt"], "report (case 4).txt");
+        assert_eq!(map["b"], "b");
+        // Same set, other order: same answer.
+        let again = directory_names([
+            "b",
+            "report.txt",
+            "report (case 2).txt",
+            "REPORT.TXT",
+            "Report.txt",
+        ]);
+        assert_eq!(
+            again
+                .into_iter()
+                .collect::<std::collections::HashMap<_, _>>(),
+            map
+        );
     }
 
     fn tricky_char() -> impl Strategy<Value = char> {
