@@ -129,6 +129,18 @@ impl MetaCache {
         self.stat.insert(path.to_string(), entry);
     }
 
+    /// Like [`Self::insert`], for what a listing saw: a listing page can be older than an
+    /// answer already cached (our own upload landing while the page was in flight), so it never
+    /// replaces a newer generation of the same file.
+    pub fn insert_listed(&self, path: &str, entry: Entry) {
+        if let (Some(Entry::File(cached)), Entry::File(listed)) = (self.stat.get(path), &entry) {
+            if listed.generation < cached.generation {
+                return;
+            }
+        }
+        self.insert(path, entry);
+    }
+
     pub fn insert_missing(&self, path: &str) {
         self.stat.invalidate(path);
         if let Some((names, name)) = self.listed_parent(path) {
@@ -212,6 +224,28 @@ mod tests {
         assert!(matches!(c.get("d/other"), Some(None)));
         c.invalidate_tree("d");
         assert!(!c.wants_relisting("d"));
+    }
+
+    #[test]
+    fn a_listing_never_replaces_a_newer_generation() {
+        let c = MetaCache::new(10, Duration::from_secs(60), Duration::from_secs(60));
+        let file = |generation| {
+            Entry::File(Arc::new(ObjectMeta {
+                key: "f".into(),
+                generation,
+                metageneration: 1,
+                size: 1,
+                crc32c: None,
+                updated: std::time::SystemTime::UNIX_EPOCH,
+                content_type: None,
+                metadata: Default::default(),
+            }))
+        };
+        c.insert("f", file(5));
+        c.insert_listed("f", file(4));
+        assert!(matches!(c.get("f"), Some(Some(Entry::File(m))) if m.generation == 5));
+        c.insert_listed("f", file(6));
+        assert!(matches!(c.get("f"), Some(Some(Entry::File(m))) if m.generation == 6));
     }
 
     #[test]

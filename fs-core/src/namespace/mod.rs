@@ -241,7 +241,7 @@ impl<S: ObjectStore> Namespace<S> {
                     Listed::Dir(n) => (n, Entry::Dir),
                     Listed::File(n, m) => (n, Entry::File(Arc::new(m))),
                 };
-                self.cache.insert(&names::join(dir, &name), entry);
+                self.cache.insert_listed(&names::join(dir, &name), entry);
                 names.insert(name);
             }
             if listing.is_done() {
@@ -485,7 +485,7 @@ impl<S: ObjectStore> Namespace<S> {
                 // A file being written: its local size and mtime are the truth.
                 (Some(local), Entry::File(_)) => local,
                 (_, listed) => {
-                    self.cache.insert(&path, listed.clone());
+                    self.cache.insert_listed(&path, listed.clone());
                     listed
                 }
             };
