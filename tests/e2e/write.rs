@@ -282,28 +282,9 @@ fn status_wait_returns_when_everything_is_in_the_bucket() -> Result<()> {
         std::fs::write(m.path().join(format!("s{i}")), &data)?;
         want.push((format!("s{i}"), sha256(&data)));
     }
-    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
-        .arg("status")
-        .arg(m.path())
-        .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
+    let text = m.command("status", &[])?;
     assert!(text.contains("pending:   20 files"), "{text}");
-    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
-        .arg("status")
-        .arg("--wait")
-        .arg(m.path())
-        .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
+    let text = m.command("status", &["--wait"])?;
     assert!(text.contains("pending:   0 files"), "{text}");
     // No polling: everything is there the moment `status --wait` returns.
     for (name, sha) in &want {
@@ -346,12 +327,7 @@ fn a_full_cache_size_waits_for_uploads_then_refuses_open_data() -> Result<()> {
     let err = write_and_close(&m.path().join("huge"), &random_bytes(30 * MIB, 399)).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     let _ = std::fs::remove_file(m.path().join("huge"));
-    let out = Command::new(bucketdrive_tests::bucketdrive_bin())
-        .arg("status")
-        .arg("--wait")
-        .arg(m.path())
-        .output()?;
-    assert!(out.status.success());
+    m.command("status", &["--wait"])?;
     for (name, sha) in &want {
         assert_eq!(&sha256(&emu.get("cachesize", name)?), sha, "{name}");
     }
@@ -552,20 +528,6 @@ fn posix_metadata_and_touch_patch_the_object() -> Result<()> {
 fn unmount_waits_for_uploads_unless_told_not_to() -> Result<()> {
     let emu = setup("unmount")?;
     let cache = tempfile::tempdir()?;
-    let unmount = |m: &Mount, extra: &[&str]| -> Result<String> {
-        let out = Command::new(bucketdrive_tests::bucketdrive_bin())
-            .arg("unmount")
-            .args(extra)
-            .arg(m.path())
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8(out.stdout)?)
-    };
-
     let m = Mount::with_cache(&emu, "unmount", cache.path(), &["--write-back-delay", "1h"])?;
     let mut want = Vec::new();
     for i in 0..5u64 {
@@ -573,7 +535,7 @@ fn unmount_waits_for_uploads_unless_told_not_to() -> Result<()> {
         std::fs::write(m.path().join(format!("w{i}")), &data)?;
         want.push((format!("w{i}"), sha256(&data)));
     }
-    unmount(&m, &[])?;
+    m.command("unmount", &[])?;
     for (name, sha) in &want {
         assert_eq!(
             &sha256(&emu.get("unmount", name)?),
@@ -586,7 +548,7 @@ fn unmount_waits_for_uploads_unless_told_not_to() -> Result<()> {
     let m = Mount::with_cache(&emu, "unmount", cache.path(), &["--write-back-delay", "1h"])?;
     let later = random_bytes(MIB, 600);
     std::fs::write(m.path().join("later"), &later)?;
-    let said = unmount(&m, &["--no-wait"])?;
+    let said = m.command("unmount", &["--no-wait"])?;
     assert!(said.contains("1 files"), "{said}");
     assert!(emu.get("unmount", "later").is_err(), "left staged");
     m.unmount()?;

@@ -269,6 +269,22 @@ impl Mount {
         Ok(m)
     }
 
+    /// Runs `bucketdrive CMD ARGS… MOUNTPOINT` (status, unmount) and returns its standard
+    /// output; fails with its standard error unless it succeeds.
+    pub fn command(&self, cmd: &str, args: &[&str]) -> Result<String> {
+        let out = Command::new(bucketdrive_bin())
+            .arg(cmd)
+            .args(args)
+            .arg(self.path())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bucketdrive {cmd} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
