@@ -41,12 +41,16 @@ pub enum FsError {
     CrossDevice,
     #[error("not a symbolic link")]
     NotSymlink,
+    /// A Windows read at or past the end of a file.
+    #[error("end of file")]
+    EndOfFile,
     #[error("I/O error: {0}")]
     Io(String),
 }
 
 impl FsError {
-    /// The Linux errno for this error.
+    /// The Linux errno for this error, used by the FUSE adapter.
+    #[cfg(unix)]
     pub fn errno(&self) -> i32 {
         match self {
             FsError::NotFound => libc::ENOENT,
@@ -65,6 +69,7 @@ impl FsError {
             FsError::NoSpace => libc::ENOSPC,
             FsError::CrossDevice => libc::EXDEV,
             FsError::NotSymlink => libc::EINVAL,
+            FsError::EndOfFile => libc::EIO,
             FsError::Io(_) => libc::EIO,
         }
     }
@@ -88,6 +93,7 @@ impl FsError {
             FsError::NoSpace => 0xC000_007F,  // STATUS_DISK_FULL
             FsError::CrossDevice => 0xC000_00D4, // STATUS_NOT_SAME_DEVICE
             FsError::NotSymlink => 0xC000_0275, // STATUS_NOT_A_REPARSE_POINT
+            FsError::EndOfFile => 0xC000_0011, // STATUS_END_OF_FILE
             FsError::Io(_) => 0xC000_0185,    // STATUS_IO_DEVICE_ERROR
         }
     }
@@ -119,9 +125,10 @@ impl FsError {
 
 impl From<std::io::Error> for FsError {
     fn from(e: std::io::Error) -> Self {
-        match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => FsError::NoSpace,
-            _ => FsError::Io(e.to_string()),
+        if crate::platform::is_disk_full(&e) {
+            FsError::NoSpace
+        } else {
+            FsError::Io(e.to_string())
         }
     }
 }

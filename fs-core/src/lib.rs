@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod filesystem;
 pub mod namespace;
+pub mod platform;
 pub mod read;
 pub mod store;
 pub mod windows;

@@ -3,6 +3,7 @@
 //! times and attributes look to Windows.
 
 pub mod names;
+pub mod volume;
 
 use std::time::{Duration, SystemTime};
 

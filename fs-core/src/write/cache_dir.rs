@@ -1,13 +1,11 @@
 //! The cache directory of one mount: where staged data and the journal live.
 //!
-//! Layout: `lock` (held with `flock` for the life of the mount, so two mounts can never share
+//! Layout: `lock` (held with an exclusive file lock for the life of the mount, so two mounts can never share
 //! one directory), `staging/<id>.data` and `journal/journal.log`. Directories are mode 0700 and
 //! files 0600: staged data is the user's data.
 
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use crate::platform;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
 /// An open, locked cache directory.
@@ -21,33 +19,30 @@ impl CacheDir {
     /// Creates (if needed) and locks `root`. Fails with a clear message if another mount holds it.
     pub fn open(root: &Path) -> Result<Self, String> {
         let mk = |p: &Path| -> Result<(), String> {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(p)
-                .map_err(|e| format!("cannot create cache directory {}: {e}", p.display()))?;
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| format!("cannot restrict cache directory {}: {e}", p.display()))
+            platform::create_private_dir(p)
+                .map_err(|e| format!("cannot create cache directory {}: {e}", p.display()))
         };
         mk(root)?;
         mk(&root.join("staging"))?;
         mk(&root.join("journal"))?;
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(root.join("lock"))
-            .map_err(|e| format!("cannot open {}: {e}", root.join("lock").display()))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                format!("cache directory {} is in use by another mount; give each mount its own --cache-dir", root.display())
-            } else {
-                format!("cannot lock cache directory {}: {e}", root.display())
-            });
+        let lock = platform::private_file(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
+        .open(root.join("lock"))
+        .map_err(|e| format!("cannot open {}: {e}", root.join("lock").display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(format!(
+                "cache directory {} is in use by another mount; give each mount its own --cache-dir",
+                root.display()
+            )),
+            Err(TryLockError::Error(e)) => {
+                return Err(format!("cannot lock cache directory {}: {e}", root.display()))
+            }
         }
         Ok(CacheDir {
             root: root.to_path_buf(),
@@ -66,7 +61,7 @@ impl CacheDir {
     /// Makes the names of newly created staging files durable (a power loss must not leave a
     /// journal record whose staging file vanished with its directory entry).
     pub fn sync_staging_names(&self) -> std::io::Result<()> {
-        std::fs::File::open(self.root.join("staging"))?.sync_all()
+        platform::sync_dir(&self.root.join("staging"))
     }
 
     pub fn journal_dir(&self) -> PathBuf {
@@ -74,13 +69,10 @@ impl CacheDir {
     }
 }
 
-/// The default cache directory for a mount: under `$XDG_CACHE_HOME` (or `~/.cache`), one
+/// The default cache directory for a mount: under the user's cache directory, one
 /// sub-directory per bucket, prefix and mountpoint.
 pub fn default_cache_dir(bucket: &str, prefix: &str, mountpoint: &Path) -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    let base = platform::user_cache_base();
     let tag = crc32c::crc32c(format!("{bucket}/{prefix}@{}", mountpoint.display()).as_bytes());
     base.join("bucketdrive").join(format!("{bucket}-{tag:08x}"))
 }
@@ -88,6 +80,7 @@ pub fn default_cache_dir(bucket: &str, prefix: &str, mountpoint: &Path) -> PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn two_mounts_cannot_share_a_cache_dir() {

@@ -17,10 +17,10 @@
 //! aside before anything is rewritten, never deleted. Records in the older one-file-per-record
 //! form (`*.json`) are read too, and folded into the log.
 
+use crate::platform;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
@@ -264,12 +264,9 @@ fn read_legacy(
 fn rewrite(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<File> {
     let tmp = dir.join(format!("{LOG}.tmp"));
     {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut f =
+            platform::private_file(OpenOptions::new().write(true).create(true).truncate(true))
+                .open(&tmp)?;
         let mut ids: Vec<&u64> = live.keys().collect();
         ids.sort();
         let mut text = String::new();
@@ -282,11 +279,8 @@ fn rewrite(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<File> {
         f.sync_all()?;
     }
     std::fs::rename(&tmp, dir.join(LOG))?;
-    File::open(dir)?.sync_all()?;
-    OpenOptions::new()
-        .append(true)
-        .mode(0o600)
-        .open(dir.join(LOG))
+    platform::sync_dir(dir)?;
+    platform::private_file(OpenOptions::new().append(true)).open(dir.join(LOG))
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::ranges::RangeSet;
+use crate::platform::{self, read_exact_at, start_writeback, write_all_at};
 
 /// The local copy of one file.
 #[derive(Debug)]
@@ -38,13 +38,14 @@ impl StagingFile {
     /// Creates a staging file for a file of `size` bytes, of which `present` are already valid
     /// locally (nothing, for a file that exists in the bucket; everything, for a new file).
     pub fn create(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)?;
+        let file = platform::private_file(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true),
+        )
+        .open(path)?;
         file.set_len(size)?;
         Ok(StagingFile {
             path: path.to_path_buf(),
@@ -100,7 +101,7 @@ impl StagingFile {
 
     /// Writes user data. The file grows as needed; a gap it leaves reads as zeros, as on a disk.
     pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)?;
+        write_all_at(&self.file, data, offset)?;
         self.track_crc(offset, data);
         self.unflushed += data.len() as u64;
         if self.unflushed >= WRITEBACK_KICK {
@@ -124,7 +125,7 @@ impl StagingFile {
         for gap in self.present.missing(offset..end) {
             let from = (gap.start - offset) as usize;
             let to = (gap.end - offset) as usize;
-            self.file.write_all_at(&data[from..to], gap.start)?;
+            write_all_at(&self.file, &data[from..to], gap.start)?;
             self.track_crc(gap.start, &data[from..to]);
             self.present.insert(gap);
         }
@@ -143,7 +144,7 @@ impl StagingFile {
             ));
         }
         let mut buf = vec![0u8; (end - offset) as usize];
-        self.file.read_exact_at(&mut buf, offset)?;
+        read_exact_at(&self.file, &mut buf, offset)?;
         Ok(buf)
     }
 
@@ -203,21 +204,11 @@ pub fn crc32c_of_file(file: &File, size: u64) -> io::Result<u32> {
     let mut off = 0u64;
     while off < size {
         let n = ((size - off) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..n], off)?;
+        read_exact_at(file, &mut buf[..n], off)?;
         crc = crc32c::crc32c_append(crc, &buf[..n]);
         off += n as u64;
     }
     Ok(crc)
-}
-
-/// Asks the kernel to start writing the file's dirty pages to disk, without waiting.
-fn start_writeback(file: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid descriptor; offset 0 and length 0 mean the whole file.
-    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
-    if rc != 0 {
-        tracing::debug!("sync_file_range: {}", io::Error::last_os_error());
-    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,6 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -92,8 +91,7 @@ impl UploadSource {
         let file = self.file.clone();
         tokio::task::spawn_blocking(move || {
             let mut buf = vec![0u8; (range.end - range.start) as usize];
-            file.read_exact_at(&mut buf, range.start)
-                .map(|_| Bytes::from(buf))
+            crate::platform::read_exact_at(&file, &mut buf, range.start).map(|_| Bytes::from(buf))
         })
         .await
         .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("read task failed: {e}")))?

@@ -1,0 +1,136 @@
+//! The few local-file calls that differ between Unix and Windows, so the rest of the core is
+//! written once.
+//!
+//! The cache directory is private to its user (0700/0600 on Unix; on Windows the directory
+//! inherits the ACL of the user's profile, where `--cache-dir` defaults). Positional reads and
+//! writes never move a shared cursor, so concurrent handles of one staged file need no lock:
+//! `pread`/`pwrite` on Unix, `ReadFile`/`WriteFile` with an offset on Windows.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io;
+use std::path::Path;
+
+/// Creates `path` and its parents, readable only by the user.
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    let mut builder = DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        builder.mode(0o700).create(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+    }
+    #[cfg(not(unix))]
+    builder.create(path)
+}
+
+/// Makes files opened with `options` readable only by the user.
+pub fn private_file(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600)
+    }
+    #[cfg(not(unix))]
+    options
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`.
+#[cfg(unix)]
+pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Writes all of `buf` at `offset`.
+#[cfg(unix)]
+pub fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`.
+#[cfg(windows)]
+pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` at `offset`.
+#[cfg(windows)]
+pub fn write_all_at(file: &File, mut buf: &[u8], mut offset: u64) -> io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_write(buf, offset) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Starts writing the file's dirty pages to disk without waiting, so a later `fsync` has
+/// little left to do. Only Linux has a call for this; elsewhere it is a no-op.
+pub fn start_writeback(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on a descriptor we own; failure only loses the hint.
+        let rc =
+            unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+        if rc != 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "sync_file_range failed");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Whether an I/O error means the local disk is full (or over quota).
+pub fn is_disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// Makes the directory's entries (files created or renamed in it) durable. On Windows, NTFS
+/// journals directory changes itself and a directory cannot be opened as a `File`, so this is
+/// a no-op there.
+pub fn sync_dir(path: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    return File::open(path)?.sync_all();
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+/// Where per-user caches live: `$XDG_CACHE_HOME` or `~/.cache` on Unix, `%LOCALAPPDATA%` on
+/// Windows.
+pub fn user_cache_base() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    #[cfg(windows)]
+    if let Some(local) = std::env::var_os("LOCALAPPDATA") {
+        return PathBuf::from(local);
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"))
+}

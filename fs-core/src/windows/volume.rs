@@ -1,0 +1,851 @@
+//! The Windows view of a mounted bucket: path-based calls in the shape of WinFsp's callbacks,
+//! on top of the inode-based [`Filesystem`].
+//!
+//! Windows names files by path, case-insensitively, and drives a file through a handle's life:
+//! open or create, overwrite, set the size or allocation, write (often out of order), set times,
+//! flush, mark for deletion, clean up (the last `CloseHandle`), close. Every decision about
+//! that life is made here, so it is tested on Linux against the in-memory store; the WinFsp
+//! adapter only converts buffers, strings and status codes.
+//!
+//! - **Names.** A Windows path maps component by component to object names: first the exact
+//!   object name ([`names::from_windows`]), then, if there is none, a case-insensitive match
+//!   among the directory's Windows names ([`names::directory_names`]). A directory's names are
+//!   listed once and kept for the stat TTL (and dropped at once when this volume changes the
+//!   directory), so repeated misses such as Explorer's `desktop.ini` probes cost no request.
+//! - **Handles.** Opening resolves the name only. A core file handle for reading is taken on
+//!   the first read, and one for writing on the first change, so the many opens Explorer makes
+//!   to read attributes cost nothing and never stage a file.
+//! - **Cleanup is close.** Windows' cleanup (the last user handle closed) is where written data
+//!   becomes durable and its upload is scheduled, and where a delete-pending file is deleted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+use super::names::{directory_names, from_windows, to_windows};
+use super::{attributes, from_filetime, to_filetime};
+use crate::error::{FsError, FsResult};
+use crate::filesystem::{Filesystem, OpenMode, TEMP_DIR};
+use crate::namespace::{Attr, Ino, Kind, ROOT_INO};
+use crate::store::ObjectStore;
+
+/// Longest path Windows programs get from us, in UTF-16 units; longer names are not shown.
+pub const MAX_PATH_UNITS: usize = 1024;
+/// Longest single name, in UTF-16 units (what NTFS and WinFsp's directory entries hold).
+pub const MAX_NAME_UNITS: usize = 255;
+/// Allocation unit reported to Windows.
+const CLUSTER: u64 = 4096;
+
+/// File information as Windows wants it: FILETIMEs, attributes, sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WinInfo {
+    pub attributes: u32,
+    pub file_size: u64,
+    pub allocation_size: u64,
+    pub creation_time: u64,
+    pub last_access_time: u64,
+    pub last_write_time: u64,
+    pub change_time: u64,
+    pub index_number: u64,
+}
+
+/// One directory entry under its Windows name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WinEntry {
+    pub name: String,
+    pub info: WinInfo,
+}
+
+/// Sizes and label for `get_volume_info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub total_size: u64,
+    pub free_size: u64,
+    pub label: String,
+}
+
+/// What `open` and `create` are asked for, from the Windows create options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// `FILE_DIRECTORY_FILE`: only a directory will do.
+    pub directory: bool,
+    /// `FILE_NON_DIRECTORY_FILE`: only a file will do.
+    pub non_directory: bool,
+}
+
+/// Windows create-option bits the volume understands.
+pub const FILE_DIRECTORY_FILE: u32 = 0x0000_0001;
+pub const FILE_NON_DIRECTORY_FILE: u32 = 0x0000_0040;
+
+impl OpenOptions {
+    pub fn from_create_options(create_options: u32) -> Self {
+        OpenOptions {
+            directory: create_options & FILE_DIRECTORY_FILE != 0,
+            non_directory: create_options & FILE_NON_DIRECTORY_FILE != 0,
+        }
+    }
+}
+
+#[derive(Default)]
+struct HandleIo {
+    reader: Option<u64>,
+    writer: Option<u64>,
+    /// Allocation size set by the program; only reported back.
+    allocation: Option<u64>,
+    /// The listing a directory enumeration is paging through.
+    listing: Option<Arc<Listing>>,
+}
+
+/// One open file or directory (WinFsp's file context).
+pub struct WinHandle {
+    ino: Ino,
+    kind: Kind,
+    io: tokio::sync::Mutex<HandleIo>,
+}
+
+impl WinHandle {
+    pub fn ino(&self) -> Ino {
+        self.ino
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+}
+
+/// A directory's entries under their Windows names, sorted the way Windows enumerates them.
+struct Listing {
+    entries: Vec<(String, String, Attr)>,
+    /// Upper-cased Windows name → object name.
+    by_fold: HashMap<String, String>,
+    fetched: Instant,
+}
+
+fn fold(name: &str) -> String {
+    name.to_uppercase()
+}
+
+fn utf16_len(s: &str) -> usize {
+    s.encode_utf16().count()
+}
+
+/// Windows wildcard match, case-insensitive: `*` and `?`, and the DOS forms `<`, `>` and `"`
+/// that `cmd.exe` sends (treated as `*`, `?` and `.`).
+pub fn matches_pattern(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = fold(pattern).chars().collect();
+    let n: Vec<char> = fold(name).chars().collect();
+    // Classic two-pointer glob with backtracking to the last star.
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        match p.get(pi) {
+            Some('*') | Some('<') => {
+                star = Some((pi, ni));
+                pi += 1;
+            }
+            Some('?') | Some('>') => {
+                pi += 1;
+                ni += 1;
+            }
+            Some('"') if n[ni] == '.' => {
+                pi += 1;
+                ni += 1;
+            }
+            Some(c) if *c == n[ni] => {
+                pi += 1;
+                ni += 1;
+            }
+            _ => match star {
+                Some((sp, sn)) => {
+                    pi = sp + 1;
+                    ni = sn + 1;
+                    star = Some((sp, sn + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|c| matches!(c, '*' | '<' | '"' | '>'))
+}
+
+/// Splits a Windows path (`\dir\file`) into its components.
+fn components(win_path: &str) -> Vec<&str> {
+    win_path
+        .split(['\\', '/'])
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// The Windows view of one mounted [`Filesystem`].
+pub struct Volume<S: ObjectStore> {
+    fs: Arc<Filesystem<S>>,
+    label: String,
+    listings: Mutex<HashMap<String, Arc<Listing>>>,
+    listing_ttl: Duration,
+}
+
+impl<S: ObjectStore> Volume<S> {
+    /// `label` is the volume label Explorer shows: the bucket name.
+    pub fn new(fs: Arc<Filesystem<S>>, label: &str) -> Self {
+        // A listing answers "no such name in any case", so it lives as long as a negative
+        // entry does.
+        let listing_ttl = fs.config().negative_ttl;
+        Volume {
+            fs,
+            label: label.to_string(),
+            listings: Mutex::new(HashMap::new()),
+            listing_ttl,
+        }
+    }
+
+    pub fn filesystem(&self) -> &Arc<Filesystem<S>> {
+        &self.fs
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.fs.is_read_only()
+    }
+
+    pub fn volume_stats(&self) -> VolumeStats {
+        let st = self.fs.statfs();
+        let free = (st.blocks_free * u64::from(st.block_size)).max(CLUSTER);
+        VolumeStats {
+            total_size: (st.blocks * u64::from(st.block_size)).max(free),
+            free_size: free,
+            label: self.label.clone(),
+        }
+    }
+
+    /// How Windows sees `attr`.
+    pub fn info(&self, attr: &Attr, allocation: Option<u64>) -> WinInfo {
+        let t = to_filetime(attr.mtime);
+        let size = if attr.kind == Kind::Dir { 0 } else { attr.size };
+        WinInfo {
+            attributes: attributes(attr.kind, self.is_read_only()),
+            file_size: size,
+            allocation_size: allocation
+                .unwrap_or(0)
+                .max(size.div_ceil(CLUSTER) * CLUSTER),
+            creation_time: t,
+            last_access_time: t,
+            last_write_time: t,
+            change_time: t,
+            index_number: attr.ino,
+        }
+    }
+
+    // ----- names -----
+
+    fn object_path(&self, ino: Ino) -> FsResult<String> {
+        Ok(self.fs.namespace().inode_path(ino)?.0)
+    }
+
+    /// The object path's parent directory path and last name.
+    fn split(path: &str) -> (&str, &str) {
+        match path.rfind('/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => ("", path),
+        }
+    }
+
+    fn forget_listing(&self, dir_path: &str) {
+        self.listings.lock().remove(dir_path);
+    }
+
+    /// The Windows names of directory `dir` (an inode the caller holds).
+    async fn listing(&self, dir: Ino) -> FsResult<Arc<Listing>> {
+        let dir_path = self.object_path(dir)?;
+        if let Some(l) = self.listings.lock().get(&dir_path) {
+            if l.fetched.elapsed() < self.listing_ttl {
+                return Ok(l.clone());
+            }
+        }
+        let fh = self.fs.opendir(dir).await?;
+        let mut found = Vec::new();
+        let mut offset = 0;
+        let result = loop {
+            match self.fs.readdir(fh, offset).await {
+                Ok(batch) if batch.is_empty() => break Ok(()),
+                Ok(batch) => {
+                    for e in batch {
+                        offset = e.offset;
+                        if e.name == "." || e.name == ".." {
+                            continue;
+                        }
+                        // Entries are registered with no reference; take and drop one so the
+                        // inode table does not keep them.
+                        self.fs.remember(e.attr.ino);
+                        self.fs.forget(e.attr.ino, 1);
+                        found.push((e.name, e.attr));
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.fs.releasedir(fh);
+        result?;
+        let dir_units: usize = dir_path
+            .split('/')
+            .map(|c| utf16_len(&to_windows(c)) + 1)
+            .sum();
+        let attrs: HashMap<String, Attr> = found.into_iter().collect();
+        let mut entries = Vec::with_capacity(attrs.len());
+        let mut by_fold = HashMap::with_capacity(attrs.len());
+        for (object, win) in directory_names(attrs.keys().map(String::as_str)) {
+            let units = utf16_len(&win);
+            if units > MAX_NAME_UNITS || dir_units + units > MAX_PATH_UNITS {
+                tracing::warn!(
+                    name = %object, dir = %dir_path,
+                    "name too long for Windows ({units} UTF-16 units in a {dir_units}-unit directory); not shown"
+                );
+                continue;
+            }
+            if dir_path.is_empty() && object == TEMP_DIR {
+                continue;
+            }
+            by_fold.insert(fold(&win), object.clone());
+            let attr = attrs[&object].clone();
+            entries.push((win, object, attr));
+        }
+        entries.sort_by(|a, b| fold(&a.0).cmp(&fold(&b.0)).then_with(|| a.0.cmp(&b.0)));
+        let listing = Arc::new(Listing {
+            entries,
+            by_fold,
+            fetched: Instant::now(),
+        });
+        self.listings.lock().insert(dir_path, listing.clone());
+        Ok(listing)
+    }
+
+    /// Looks `win_name` up in directory `dir`: the exact object name first, then a
+    /// case-insensitive match among the directory's Windows names. The caller owns one
+    /// reference to the returned inode.
+    async fn child(&self, dir: Ino, win_name: &str) -> FsResult<Attr> {
+        if utf16_len(win_name) > MAX_NAME_UNITS {
+            return Err(FsError::InvalidName(win_name.to_string()));
+        }
+        let object = from_windows(win_name);
+        match self.fs.lookup(dir, &object).await {
+            Ok(attr) => return Ok(attr),
+            Err(FsError::NotFound) | Err(FsError::InvalidName(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let listing = self.listing(dir).await?;
+        match listing.by_fold.get(&fold(win_name)) {
+            Some(name) if *name != object => self.fs.lookup(dir, name).await,
+            _ => Err(FsError::NotFound),
+        }
+    }
+
+    /// Resolves a whole Windows path; the caller owns one reference to the result.
+    async fn resolve(&self, win_path: &str) -> FsResult<Attr> {
+        if utf16_len(win_path) > MAX_PATH_UNITS {
+            return Err(FsError::InvalidName(win_path.to_string()));
+        }
+        let mut attr = self.fs.getattr(ROOT_INO).await?;
+        for comp in components(win_path) {
+            if attr.kind != Kind::Dir {
+                self.fs.forget(attr.ino, 1);
+                return Err(FsError::NotDir);
+            }
+            let next = self.child(attr.ino, comp).await;
+            self.fs.forget(attr.ino, 1);
+            attr = next?;
+        }
+        Ok(attr)
+    }
+
+    /// Resolves the parent of a Windows path and maps its last name; the caller owns one
+    /// reference to the parent.
+    async fn resolve_parent<'p>(&self, win_path: &'p str) -> FsResult<(Attr, &'p str)> {
+        let trimmed = win_path.trim_end_matches(['\\', '/']);
+        let (dir, last) = match trimmed.rfind(['\\', '/']) {
+            Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+            None => ("", trimmed),
+        };
+        if last.is_empty() {
+            return Err(FsError::InvalidName(win_path.to_string()));
+        }
+        let parent = self.resolve(dir).await?;
+        if parent.kind != Kind::Dir {
+            self.fs.forget(parent.ino, 1);
+            return Err(FsError::NotDir);
+        }
+        Ok((parent, last))
+    }
+
+    /// The parent inode of an object path, by exact names; the caller owns one reference.
+    async fn parent_of(&self, path: &str) -> FsResult<Ino> {
+        let (dir, _) = Self::split(path);
+        // The root is never forgotten, so it needs no reference of its own.
+        let mut ino = ROOT_INO;
+        for comp in dir.split('/').filter(|c| !c.is_empty()) {
+            let next = self.fs.lookup(ino, comp).await;
+            self.fs.forget(ino, 1);
+            ino = next?.ino;
+        }
+        Ok(ino)
+    }
+
+    // ----- the handle's life -----
+
+    /// Attributes for `get_security_by_name`: what is at `win_path`.
+    pub async fn attributes_of(&self, win_path: &str) -> FsResult<u32> {
+        let attr = self.resolve(win_path).await?;
+        self.fs.forget(attr.ino, 1);
+        Ok(attributes(attr.kind, self.is_read_only()))
+    }
+
+    /// Opens an existing file or directory. Nothing is fetched or staged yet.
+    pub async fn open(&self, win_path: &str, opts: OpenOptions) -> FsResult<(WinHandle, WinInfo)> {
+        let attr = self.resolve(win_path).await?;
+        let refuse = match attr.kind {
+            Kind::Dir if opts.non_directory => Some(FsError::IsDir),
+            Kind::File | Kind::Symlink if opts.directory => Some(FsError::NotDir),
+            _ => None,
+        };
+        if let Some(e) = refuse {
+            self.fs.forget(attr.ino, 1);
+            return Err(e);
+        }
+        let info = self.info(&attr, None);
+        Ok((
+            WinHandle {
+                ino: attr.ino,
+                kind: attr.kind,
+                io: tokio::sync::Mutex::new(HandleIo::default()),
+            },
+            info,
+        ))
+    }
+
+    /// Creates a new file or directory. A name that exists in any case is a collision.
+    pub async fn create(
+        &self,
+        win_path: &str,
+        opts: OpenOptions,
+        allocation_size: u64,
+    ) -> FsResult<(WinHandle, WinInfo)> {
+        let (parent, win_name) = self.resolve_parent(win_path).await?;
+        let result = self
+            .create_in(&parent, win_name, opts, allocation_size)
+            .await;
+        self.fs.forget(parent.ino, 1);
+        result
+    }
+
+    async fn create_in(
+        &self,
+        parent: &Attr,
+        win_name: &str,
+        opts: OpenOptions,
+        allocation_size: u64,
+    ) -> FsResult<(WinHandle, WinInfo)> {
+        match self.child(parent.ino, win_name).await {
+            Ok(existing) => {
+                self.fs.forget(existing.ino, 1);
+                return Err(FsError::Exists);
+            }
+            Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let name = from_windows(win_name);
+        let parent_path = self.object_path(parent.ino)?;
+        self.forget_listing(&parent_path);
+        if opts.directory {
+            let attr = self.fs.mkdir(parent.ino, &name).await?;
+            let info = self.info(&attr, None);
+            return Ok((
+                WinHandle {
+                    ino: attr.ino,
+                    kind: Kind::Dir,
+                    io: tokio::sync::Mutex::new(HandleIo::default()),
+                },
+                info,
+            ));
+        }
+        let (attr, opened) = self.fs.create(parent.ino, &name).await?;
+        let allocation = (allocation_size > 0).then_some(allocation_size);
+        let info = self.info(&attr, allocation);
+        Ok((
+            WinHandle {
+                ino: attr.ino,
+                kind: Kind::File,
+                io: tokio::sync::Mutex::new(HandleIo {
+                    writer: Some(opened.fh),
+                    allocation,
+                    ..HandleIo::default()
+                }),
+            },
+            info,
+        ))
+    }
+
+    /// Overwrite or supersede of an open file: it becomes empty (the program writes it anew).
+    pub async fn overwrite(&self, h: &WinHandle, allocation_size: u64) -> FsResult<WinInfo> {
+        if h.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let mut io = h.io.lock().await;
+        match io.writer {
+            Some(fh) => {
+                self.fs.setattr(h.ino, Some(0), None, Some(fh)).await?;
+            }
+            None => {
+                let opened = self
+                    .fs
+                    .open(
+                        h.ino,
+                        OpenMode {
+                            write: true,
+                            truncate: true,
+                        },
+                    )
+                    .await?;
+                io.writer = Some(opened.fh);
+            }
+        }
+        io.allocation = (allocation_size > 0).then_some(allocation_size);
+        let attr = self.fs.getattr(h.ino).await?;
+        Ok(self.info(&attr, io.allocation))
+    }
+
+    pub async fn file_info(&self, h: &WinHandle) -> FsResult<WinInfo> {
+        let io = h.io.lock().await;
+        let attr = self.fs.getattr(h.ino).await?;
+        Ok(self.info(&attr, io.allocation))
+    }
+
+    /// The core handle for writing, taken on the first change.
+    async fn writer(&self, h: &WinHandle, io: &mut HandleIo) -> FsResult<u64> {
+        if h.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        if let Some(fh) = io.writer {
+            return Ok(fh);
+        }
+        let opened = self
+            .fs
+            .open(
+                h.ino,
+                OpenMode {
+                    write: true,
+                    truncate: false,
+                },
+            )
+            .await?;
+        io.writer = Some(opened.fh);
+        Ok(opened.fh)
+    }
+
+    /// Reads at `offset`. At or past the end of the file this is `EndOfFile`, as Windows wants.
+    pub async fn read(&self, h: &WinHandle, offset: u64, len: u32) -> FsResult<bytes::Bytes> {
+        if h.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let mut io = h.io.lock().await;
+        let fh = match (io.writer, io.reader) {
+            (Some(fh), _) | (None, Some(fh)) => fh,
+            (None, None) => {
+                let opened = self.fs.open(h.ino, OpenMode::default()).await?;
+                io.reader = Some(opened.fh);
+                opened.fh
+            }
+        };
+        drop(io);
+        let data = self.fs.read(fh, offset, len).await?;
+        if data.is_empty() && len > 0 {
+            return Err(FsError::EndOfFile);
+        }
+        Ok(data)
+    }
+
+    /// Writes `data`. `write_to_eof` appends; `constrained` (paging I/O) never extends the file.
+    pub async fn write(
+        &self,
+        h: &WinHandle,
+        offset: u64,
+        data: &[u8],
+        write_to_eof: bool,
+        constrained: bool,
+    ) -> FsResult<(u32, WinInfo)> {
+        let mut io = h.io.lock().await;
+        let fh = self.writer(h, &mut io).await?;
+        let mut offset = offset;
+        let mut data = data;
+        if write_to_eof || constrained {
+            let size = self.fs.getattr(h.ino).await?.size;
+            if write_to_eof {
+                offset = size;
+            }
+            if constrained {
+                if offset >= size {
+                    let attr = self.fs.getattr(h.ino).await?;
+                    return Ok((0, self.info(&attr, io.allocation)));
+                }
+                data = &data[..data.len().min((size - offset) as usize)];
+            }
+        }
+        let n = self.fs.write(fh, offset, data).await?;
+        let attr = self.fs.getattr(h.ino).await?;
+        Ok((n, self.info(&attr, io.allocation)))
+    }
+
+    /// `SetEndOfFile` (`allocation` false) or an allocation size (`allocation` true). An
+    /// allocation is a hint only, except that one below the file size cuts the file, as on
+    /// NTFS.
+    pub async fn set_file_size(
+        &self,
+        h: &WinHandle,
+        size: u64,
+        allocation: bool,
+    ) -> FsResult<WinInfo> {
+        let mut io = h.io.lock().await;
+        let current = self.fs.getattr(h.ino).await?;
+        if allocation {
+            io.allocation = Some(size);
+            if size >= current.size {
+                return Ok(self.info(&current, io.allocation));
+            }
+        }
+        if size != current.size {
+            let fh = self.writer(h, &mut io).await?;
+            self.fs.setattr(h.ino, Some(size), None, Some(fh)).await?;
+        }
+        let attr = self.fs.getattr(h.ino).await?;
+        Ok(self.info(&attr, io.allocation))
+    }
+
+    /// Times and attributes. The last-write time is stored as the object's mtime (the same
+    /// metadata Linux uses); 0 means "leave it". Other times and attributes are accepted and
+    /// not stored: a bucket has nowhere to keep them.
+    pub async fn set_basic_info(&self, h: &WinHandle, last_write_time: u64) -> FsResult<WinInfo> {
+        let io = h.io.lock().await;
+        if last_write_time != 0 && last_write_time != u64::MAX && !h.is_dir() {
+            let t: SystemTime = from_filetime(last_write_time);
+            self.fs.setattr(h.ino, None, Some(t), io.writer).await?;
+        }
+        let attr = self.fs.getattr(h.ino).await?;
+        Ok(self.info(&attr, io.allocation))
+    }
+
+    /// `FlushFileBuffers`: returns once the file's data is in the bucket, like `fsync`.
+    pub async fn flush(&self, h: &WinHandle) -> FsResult<WinInfo> {
+        let io = h.io.lock().await;
+        if let Some(fh) = io.writer {
+            self.fs.fsync(fh).await?;
+        }
+        let attr = self.fs.getattr(h.ino).await?;
+        Ok(self.info(&attr, io.allocation))
+    }
+
+    /// Whether the file or directory may be deleted (WinFsp's set_delete, and the check for
+    /// `FILE_DELETE_ON_CLOSE`). The deletion itself happens at [`Self::cleanup`].
+    pub async fn set_delete(&self, h: &WinHandle, delete: bool) -> FsResult<()> {
+        if !delete {
+            return Ok(());
+        }
+        if self.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        if h.is_dir() {
+            if h.ino == ROOT_INO {
+                return Err(FsError::PermissionDenied(
+                    "the root cannot be deleted".into(),
+                ));
+            }
+            self.forget_listing(&self.object_path(h.ino)?);
+            if !self.listing(h.ino).await?.entries.is_empty() {
+                return Err(FsError::NotEmpty);
+            }
+        }
+        Ok(())
+    }
+
+    /// The last user handle was closed. Written data becomes durable and its upload is
+    /// scheduled; with `delete` (the file was marked for deletion) it is deleted instead.
+    pub async fn cleanup(&self, h: &WinHandle, delete: bool) -> FsResult<()> {
+        let mut io = h.io.lock().await;
+        if !delete {
+            if let Some(fh) = io.writer {
+                return self.fs.flush(fh).await;
+            }
+            return Ok(());
+        }
+        // Deleted data need not be saved: drop the handles first, then the name.
+        for fh in [io.writer.take(), io.reader.take()].into_iter().flatten() {
+            self.fs.release(fh).await;
+        }
+        let path = self.object_path(h.ino)?;
+        let (dir, name) = Self::split(&path);
+        let parent = self.parent_of(&path).await?;
+        let result = if h.is_dir() {
+            self.fs.rmdir(parent, name).await
+        } else {
+            self.fs.unlink(parent, name).await
+        };
+        self.fs.forget(parent, 1);
+        self.forget_listing(dir);
+        self.forget_listing(&path);
+        match result {
+            Err(FsError::NotFound) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The handle is gone: release what it holds.
+    pub async fn close(&self, h: WinHandle) {
+        let mut io = h.io.lock().await;
+        for fh in [io.writer.take(), io.reader.take()].into_iter().flatten() {
+            self.fs.release(fh).await;
+        }
+        self.fs.forget(h.ino, 1);
+    }
+
+    /// Renames the handle's file or directory to `new_win_path`. An existing target is an
+    /// error unless `replace`; a directory is never replaced. A target that exists under a
+    /// different case is replaced under its existing name. Changing only the case of a name
+    /// is a rename.
+    pub async fn rename(&self, h: &WinHandle, new_win_path: &str, replace: bool) -> FsResult<()> {
+        let from = self.object_path(h.ino)?;
+        let (parent, win_name) = self.resolve_parent(new_win_path).await?;
+        let result = self.rename_into(h, &from, &parent, win_name, replace).await;
+        self.fs.forget(parent.ino, 1);
+        result
+    }
+
+    async fn rename_into(
+        &self,
+        h: &WinHandle,
+        from: &str,
+        parent: &Attr,
+        win_name: &str,
+        replace: bool,
+    ) -> FsResult<()> {
+        let mut to_name = from_windows(win_name);
+        match self.child(parent.ino, win_name).await {
+            Ok(existing) => {
+                let existing_path = self.object_path(existing.ino);
+                self.fs.forget(existing.ino, 1);
+                let existing_path = existing_path?;
+                if existing.ino != h.ino && existing_path != from {
+                    if !replace {
+                        return Err(FsError::Exists);
+                    }
+                    if existing.kind == Kind::Dir {
+                        return Err(FsError::PermissionDenied(
+                            "a directory cannot be replaced".into(),
+                        ));
+                    }
+                    to_name = Self::split(&existing_path).1.to_string();
+                }
+            }
+            Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let (from_dir, from_name) = Self::split(from);
+        let to_dir = self.object_path(parent.ino)?;
+        if from_dir == to_dir && from_name == to_name {
+            return Ok(());
+        }
+        let from_parent = self.parent_of(from).await?;
+        let result = self
+            .fs
+            .rename(from_parent, from_name, parent.ino, &to_name)
+            .await;
+        self.fs.forget(from_parent, 1);
+        self.forget_listing(from_dir);
+        self.forget_listing(&to_dir);
+        self.forget_listing(from);
+        result
+    }
+
+    /// Directory entries for an enumeration, in Windows order, after `marker` (the last name
+    /// returned before) and matching `pattern`. `.` and `..` come first, except at the root.
+    pub async fn read_directory(
+        &self,
+        h: &WinHandle,
+        pattern: Option<&str>,
+        marker: Option<&str>,
+    ) -> FsResult<Vec<WinEntry>> {
+        if !h.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        let mut io = h.io.lock().await;
+        let listing = match (&io.listing, marker) {
+            (Some(l), Some(_)) => l.clone(),
+            _ => {
+                // A new enumeration sees the directory as it is now.
+                self.forget_listing(&self.object_path(h.ino)?);
+                let l = self.listing(h.ino).await?;
+                io.listing = Some(l.clone());
+                l
+            }
+        };
+        drop(io);
+        let wanted = |name: &str| pattern.is_none_or(|p| matches_pattern(p, name));
+        let mut out = Vec::new();
+        if h.ino != ROOT_INO {
+            let me = self.fs.getattr(h.ino).await?;
+            let dots = [(".", self.info(&me, None)), ("..", self.info(&me, None))];
+            for (name, info) in dots {
+                let after_marker = match marker {
+                    None => true,
+                    Some(".") => name == "..",
+                    Some(_) => false,
+                };
+                if after_marker && wanted(name) {
+                    out.push(WinEntry {
+                        name: name.to_string(),
+                        info,
+                    });
+                }
+            }
+        }
+        let start = match marker {
+            None | Some(".") | Some("..") => 0,
+            Some(m) => {
+                let key = (fold(m), m.to_string());
+                listing
+                    .entries
+                    .partition_point(|(w, _, _)| (fold(w), w.clone()) <= key)
+            }
+        };
+        for (win, _, attr) in &listing.entries[start..] {
+            if wanted(win) {
+                out.push(WinEntry {
+                    name: win.clone(),
+                    info: self.info(attr, None),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// One entry of directory `h` by Windows name (WinFsp's get_dir_info_by_name).
+    pub async fn dir_info_by_name(&self, h: &WinHandle, win_name: &str) -> FsResult<WinEntry> {
+        if !h.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        let attr = self.child(h.ino, win_name).await?;
+        let path = self.object_path(attr.ino).ok();
+        self.fs.forget(attr.ino, 1);
+        let object = path.as_deref().map(|p| Self::split(p).1.to_string());
+        let listing = self.listing(h.ino).await?;
+        let name = listing
+            .entries
+            .iter()
+            .find(|(_, o, _)| Some(o) == object.as_ref())
+            .map(|(w, _, _)| w.clone())
+            .unwrap_or_else(|| win_name.to_string());
+        Ok(WinEntry {
+            name,
+            info: self.info(&attr, None),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

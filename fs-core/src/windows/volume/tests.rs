@@ -1,0 +1,601 @@
+//! The Windows handle state machine and what real programs do, as scripted call sequences
+//! against `MemoryStore`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::config::MountConfig;
+use crate::store::memory::MemoryStore;
+use crate::store::MTIME_KEY;
+use crate::write::upload::UploadConfig;
+use crate::write::writeback::WriteConfig;
+
+const FILE: OpenOptions = OpenOptions {
+    directory: false,
+    non_directory: true,
+};
+const DIR: OpenOptions = OpenOptions {
+    directory: true,
+    non_directory: false,
+};
+const ANY: OpenOptions = OpenOptions {
+    directory: false,
+    non_directory: false,
+};
+
+struct Fixture {
+    store: Arc<MemoryStore>,
+    vol: Volume<MemoryStore>,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture(part_size: u64) -> Fixture {
+    let store = Arc::new(MemoryStore::new());
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = WriteConfig::new(dir.path().join("cache"));
+    w.write_back_delay = Duration::from_millis(0);
+    w.retry_initial = Duration::from_millis(10);
+    w.upload = UploadConfig {
+        single_shot_threshold: part_size,
+        part_size,
+        ..UploadConfig::default()
+    };
+    let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap();
+    Fixture {
+        vol: Volume::new(Arc::new(fs), "bkt"),
+        store,
+        _dir: dir,
+    }
+}
+
+impl Fixture {
+    fn object(&self, key: &str) -> Option<Vec<u8>> {
+        self.store.object_bytes(key).map(|b| b.to_vec())
+    }
+
+    async fn settle(&self) {
+        self.vol.filesystem().drain(false).await;
+    }
+
+    /// Everything a program reads through a fresh handle.
+    async fn read_all(&self, path: &str) -> Vec<u8> {
+        let (h, info) = self.vol.open(path, FILE).await.unwrap();
+        let mut out = Vec::new();
+        loop {
+            match self.vol.read(&h, out.len() as u64, 1 << 20).await {
+                Ok(b) => out.extend_from_slice(&b),
+                Err(FsError::EndOfFile) => break,
+                Err(e) => panic!("read {path}: {e}"),
+            }
+        }
+        assert_eq!(out.len() as u64, info.file_size);
+        self.vol.close(h).await;
+        out
+    }
+
+    /// Creates `path` with `data` the way `CopyFile` does: create, write, cleanup, close.
+    async fn write_new(&self, path: &str, data: &[u8]) {
+        let (h, _) = self.vol.create(path, FILE, 0).await.unwrap();
+        self.vol.write(&h, 0, data, false, false).await.unwrap();
+        self.vol.cleanup(&h, false).await.unwrap();
+        self.vol.close(h).await;
+    }
+
+    async fn names(&self, dir: &str) -> Vec<String> {
+        let (h, _) = self.vol.open(dir, DIR).await.unwrap();
+        let names = self
+            .vol
+            .read_directory(&h, None, None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        self.vol.close(h).await;
+        names
+    }
+
+    fn requests(&self) -> u64 {
+        self.store.counts.total()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn wildcards_match_like_windows() {
+    assert!(matches_pattern("*", "anything.txt"));
+    assert!(matches_pattern("*.TXT", "notes.txt"));
+    assert!(matches_pattern("n?tes.*", "Notes.md"));
+    assert!(!matches_pattern("*.txt", "notes.md"));
+    assert!(matches_pattern("a*b*c", "aXXbYYc"));
+    assert!(!matches_pattern("a*b*c", "aXXbYY"));
+    assert!(matches_pattern("<.doc", "report.doc"), "DOS star");
+    assert!(matches_pattern("report\"*", "report.doc"), "DOS dot");
+    assert!(matches_pattern("desktop.ini", "DESKTOP.INI"));
+}
+
+#[tokio::test]
+async fn lookups_ignore_case_and_names_keep_theirs() {
+    let f = fixture(1 << 20);
+    f.store.insert("Docs/Report.docx", "v1");
+    assert_eq!(f.read_all(r"\docs\REPORT.DOCX").await, b"v1");
+    assert_eq!(f.read_all(r"\Docs\Report.docx").await, b"v1");
+    assert_eq!(f.names(r"\").await, vec!["Docs"]);
+    assert_eq!(f.names(r"\DOCS").await, vec![".", "..", "Report.docx"]);
+    // Creating a name that exists in another case is a collision, as on NTFS.
+    assert!(matches!(
+        f.vol.create(r"\docs\report.DOCX", FILE, 0).await,
+        Err(FsError::Exists)
+    ));
+    assert!(matches!(
+        f.vol.create(r"\DOCS", DIR, 0).await,
+        Err(FsError::Exists)
+    ));
+    // A directory asked for as a file, and the other way round.
+    assert!(matches!(
+        f.vol.open(r"\docs", FILE).await,
+        Err(FsError::IsDir)
+    ));
+    assert!(matches!(
+        f.vol.open(r"\docs\report.docx", DIR).await,
+        Err(FsError::NotDir)
+    ));
+    // The case a name is created with is the case it keeps.
+    f.write_new(r"\docs\MiXeD.txt", b"m").await;
+    f.settle().await;
+    assert_eq!(f.object("Docs/MiXeD.txt").as_deref(), Some(&b"m"[..]));
+    let entry = {
+        let (h, _) = f.vol.open(r"\docs", DIR).await.unwrap();
+        let e = f.vol.dir_info_by_name(&h, "mixed.TXT").await.unwrap();
+        f.vol.close(h).await;
+        e
+    };
+    assert_eq!(entry.name, "MiXeD.txt");
+    assert_eq!(entry.info.file_size, 1);
+}
+
+#[tokio::test]
+async fn names_differing_only_by_case_each_open_their_own_object() {
+    let f = fixture(1 << 20);
+    f.store.insert("d/a.txt", "lower");
+    f.store.insert("d/A.txt", "upper");
+    // Sorted as Windows sorts, ignoring case: "A (CASE 2).TXT" < "A.TXT".
+    assert_eq!(
+        f.names(r"\d").await,
+        vec![".", "..", "a (case 2).txt", "A.txt"]
+    );
+    assert_eq!(f.read_all(r"\d\A.txt").await, b"upper");
+    assert_eq!(f.read_all(r"\d\a (case 2).txt").await, b"lower");
+    // An exact object name still reaches that object.
+    assert_eq!(f.read_all(r"\d\a.txt").await, b"lower");
+    // Any other case reaches the one that kept its name.
+    assert_eq!(f.read_all(r"\d\A.TXT").await, b"upper");
+}
+
+#[tokio::test]
+async fn names_windows_forbids_are_shown_mapped_and_created_back() {
+    let f = fixture(1 << 20);
+    f.store.insert("what?.txt", "q");
+    f.store.insert("CON", "device");
+    let names = f.names(r"\").await;
+    assert_eq!(names, vec!["what\u{FF1F}.txt", "\u{FF23}ON"]);
+    assert_eq!(f.read_all("\\what\u{FF1F}.txt").await, b"q");
+    assert_eq!(f.read_all("\\\u{FF23}ON").await, b"device");
+    f.write_new("\\a\u{FF1A}b", b"colon").await;
+    f.settle().await;
+    assert_eq!(f.object("a:b").as_deref(), Some(&b"colon"[..]));
+}
+
+#[tokio::test]
+async fn names_over_the_windows_limits_are_skipped() {
+    let f = fixture(1 << 20);
+    let long_name = "n".repeat(MAX_NAME_UNITS + 1);
+    f.store.insert(&format!("d/{long_name}"), "x");
+    // A path within the bucket's 1,024 bytes can pass 1,024 UTF-16 units once a case
+    // collision adds its suffix.
+    let deep = vec!["d".repeat(250); 4].join("/");
+    let (shown, collided) = ("F".repeat(18), "f".repeat(18));
+    f.store.insert(&format!("{deep}/{shown}"), "y");
+    f.store.insert(&format!("{deep}/{collided}"), "y");
+    f.store.insert("d/ok", "z");
+    assert_eq!(f.names(r"\d").await, vec![".", "..", "ok"]);
+    let deep_win = format!("\\{}", deep.replace('/', "\\"));
+    assert_eq!(f.names(&deep_win).await, vec![".", "..", shown.as_str()]);
+    assert!(matches!(
+        f.vol
+            .open(&format!("{deep_win}\\{collided} (case 2)"), FILE)
+            .await,
+        Err(FsError::InvalidName(_))
+    ));
+}
+
+#[tokio::test]
+async fn delete_on_close_through_set_delete_and_cleanup() {
+    let f = fixture(1 << 20);
+    f.store.insert("old.txt", "old");
+    f.store.insert("full/x", "x");
+    // An existing file: marked, then deleted at cleanup.
+    let (h, _) = f.vol.open(r"\OLD.txt", FILE).await.unwrap();
+    f.vol.set_delete(&h, true).await.unwrap();
+    assert!(
+        f.object("old.txt").is_some(),
+        "nothing is deleted before cleanup"
+    );
+    f.vol.cleanup(&h, true).await.unwrap();
+    f.vol.close(h).await;
+    assert!(f.object("old.txt").is_none());
+    assert!(matches!(
+        f.vol.open(r"\old.txt", ANY).await,
+        Err(FsError::NotFound)
+    ));
+
+    // A new temporary file deleted on close never reaches the bucket.
+    let (h, _) = f.vol.create(r"\~tmp", FILE, 0).await.unwrap();
+    f.vol.write(&h, 0, b"scratch", false, false).await.unwrap();
+    f.vol.set_delete(&h, true).await.unwrap();
+    f.vol.cleanup(&h, true).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    assert!(f.object("~tmp").is_none());
+
+    // A directory with something in it refuses; an empty one goes.
+    let (h, _) = f.vol.open(r"\full", DIR).await.unwrap();
+    assert!(matches!(
+        f.vol.set_delete(&h, true).await,
+        Err(FsError::NotEmpty)
+    ));
+    f.vol.close(h).await;
+    let (h, _) = f.vol.create(r"\empty", DIR, 0).await.unwrap();
+    f.vol.set_delete(&h, true).await.unwrap();
+    f.vol.cleanup(&h, true).await.unwrap();
+    f.vol.close(h).await;
+    assert!(f.object("empty/").is_none());
+    assert!(!f.names(r"\").await.contains(&"empty".to_string()));
+    // A cleanup without the flag deletes nothing (another handle cleared it).
+    let (h, _) = f.vol.open(r"\full\x", FILE).await.unwrap();
+    f.vol.set_delete(&h, true).await.unwrap();
+    f.vol.set_delete(&h, false).await.unwrap();
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    assert!(f.object("full/x").is_some());
+}
+
+#[tokio::test]
+async fn rename_with_and_without_replace() {
+    let f = fixture(1 << 20);
+    f.store.insert("a.txt", "A");
+    f.store.insert("b.txt", "B");
+    f.store.insert("dir/x", "x");
+
+    let (h, _) = f.vol.open(r"\a.txt", FILE).await.unwrap();
+    assert!(matches!(
+        f.vol.rename(&h, r"\B.TXT", false).await,
+        Err(FsError::Exists)
+    ));
+    assert!(matches!(
+        f.vol.rename(&h, r"\dir", true).await,
+        Err(FsError::PermissionDenied(_))
+    ));
+    // The target is open for reading while it is replaced.
+    let (target, _) = f.vol.open(r"\b.txt", FILE).await.unwrap();
+    assert_eq!(&f.vol.read(&target, 0, 10).await.unwrap()[..], b"B");
+    f.vol.rename(&h, r"\B.TXT", true).await.unwrap();
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.vol.cleanup(&target, false).await.unwrap();
+    f.vol.close(target).await;
+    f.settle().await;
+    assert!(f.object("a.txt").is_none());
+    assert_eq!(
+        f.object("b.txt").as_deref(),
+        Some(&b"A"[..]),
+        "replaced under its existing name"
+    );
+    assert!(f.object("B.TXT").is_none());
+
+    // Only the case changes.
+    let (h, _) = f.vol.open(r"\b.txt", FILE).await.unwrap();
+    f.vol.rename(&h, r"\Bee.txt", false).await.unwrap();
+    f.vol.close(h).await;
+    let (h, _) = f.vol.open(r"\bee.txt", FILE).await.unwrap();
+    f.vol.rename(&h, r"\BEE.txt", false).await.unwrap();
+    f.vol.close(h).await;
+    assert_eq!(f.object("BEE.txt").as_deref(), Some(&b"A"[..]));
+    assert!(f.object("Bee.txt").is_none());
+
+    // The source is open with unsaved writes: the data follows the new name.
+    let (h, _) = f.vol.create(r"\draft", FILE, 0).await.unwrap();
+    f.vol.write(&h, 0, b"draft", false, false).await.unwrap();
+    f.vol.rename(&h, r"\dir\final", false).await.unwrap();
+    f.vol.write(&h, 5, b"+more", false, false).await.unwrap();
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    assert!(f.object("draft").is_none());
+    assert_eq!(f.object("dir/final").as_deref(), Some(&b"draft+more"[..]));
+
+    // A directory moves with what is in it.
+    let (h, _) = f.vol.open(r"\DIR", DIR).await.unwrap();
+    f.vol.rename(&h, r"\moved", false).await.unwrap();
+    f.vol.close(h).await;
+    assert_eq!(f.read_all(r"\moved\x").await, b"x");
+    assert_eq!(f.read_all(r"\moved\final").await, b"draft+more");
+}
+
+#[tokio::test]
+async fn overwrite_and_supersede_start_the_file_empty() {
+    let f = fixture(1 << 20);
+    f.store.insert("f.bin", pattern(5000, 1));
+    let (h, info) = f.vol.open(r"\f.bin", FILE).await.unwrap();
+    assert_eq!(info.file_size, 5000);
+    let info = f.vol.overwrite(&h, 0).await.unwrap();
+    assert_eq!(info.file_size, 0);
+    assert!(matches!(
+        f.vol.read(&h, 0, 10).await,
+        Err(FsError::EndOfFile)
+    ));
+    f.vol.write(&h, 0, b"new", false, false).await.unwrap();
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    assert_eq!(f.object("f.bin").as_deref(), Some(&b"new"[..]));
+    // A directory cannot be overwritten.
+    f.store.insert("d/", "");
+    let (h, _) = f.vol.open(r"\d", ANY).await.unwrap();
+    assert!(matches!(f.vol.overwrite(&h, 0).await, Err(FsError::IsDir)));
+    f.vol.close(h).await;
+}
+
+#[tokio::test]
+async fn file_size_and_allocation_before_out_of_order_writes() {
+    let f = fixture(1 << 20);
+    let data = pattern(300_000, 7);
+    let (h, _) = f.vol.create(r"\big.bin", FILE, 0).await.unwrap();
+    let info = f.vol.set_file_size(&h, 1 << 20, true).await.unwrap();
+    assert_eq!((info.file_size, info.allocation_size), (0, 1 << 20));
+    let info = f
+        .vol
+        .set_file_size(&h, data.len() as u64, false)
+        .await
+        .unwrap();
+    assert_eq!(info.file_size, data.len() as u64);
+    // Last chunk first, then the rest backwards.
+    let chunks: Vec<_> = data.chunks(64 * 1024).enumerate().collect();
+    for (i, chunk) in chunks.iter().rev() {
+        let (n, _) = f
+            .vol
+            .write(&h, (*i * 64 * 1024) as u64, chunk, false, false)
+            .await
+            .unwrap();
+        assert_eq!(n as usize, chunk.len());
+    }
+    // Paging I/O past the end never extends the file.
+    let (n, info) = f
+        .vol
+        .write(&h, data.len() as u64, b"xx", false, true)
+        .await
+        .unwrap();
+    assert_eq!((n, info.file_size), (0, data.len() as u64));
+    // Append.
+    let (_, info) = f.vol.write(&h, 0, b"tail", true, false).await.unwrap();
+    assert_eq!(info.file_size, data.len() as u64 + 4);
+    // An allocation below the size cuts the file, as on NTFS.
+    let info = f
+        .vol
+        .set_file_size(&h, data.len() as u64, true)
+        .await
+        .unwrap();
+    assert_eq!(info.file_size, data.len() as u64);
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    assert_eq!(f.object("big.bin"), Some(data));
+}
+
+#[tokio::test]
+async fn flush_puts_the_data_in_the_bucket_before_close() {
+    let f = fixture(1 << 20);
+    let (h, _) = f.vol.create(r"\log.txt", FILE, 0).await.unwrap();
+    f.vol.write(&h, 0, b"line 1\n", false, false).await.unwrap();
+    f.vol.flush(&h).await.unwrap();
+    assert_eq!(f.object("log.txt").as_deref(), Some(&b"line 1\n"[..]));
+    f.vol.write(&h, 7, b"line 2\n", false, false).await.unwrap();
+    f.vol.flush(&h).await.unwrap();
+    assert_eq!(
+        f.object("log.txt").as_deref(),
+        Some(&b"line 1\nline 2\n"[..])
+    );
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+}
+
+#[tokio::test]
+async fn set_basic_info_stores_the_last_write_time_as_mtime() {
+    let f = fixture(1 << 20);
+    f.store.insert("photo.jpg", "jpeg");
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    let (h, _) = f.vol.open(r"\photo.jpg", FILE).await.unwrap();
+    let writes = f.store.counts.write.load(Ordering::SeqCst);
+    let info = f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
+    assert_eq!(info.last_write_time, to_filetime(t));
+    // 0 leaves the time alone.
+    let info = f.vol.set_basic_info(&h, 0).await.unwrap();
+    assert_eq!(info.last_write_time, to_filetime(t));
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    let meta = f.store.head("photo.jpg").await.unwrap();
+    assert_eq!(
+        meta.metadata.get(MTIME_KEY).map(String::as_str),
+        Some("1500000000")
+    );
+    assert_eq!(f.object("photo.jpg").as_deref(), Some(&b"jpeg"[..]));
+    assert_eq!(
+        f.store.counts.write.load(Ordering::SeqCst) - writes,
+        1,
+        "one metadata patch, no re-upload"
+    );
+}
+
+#[tokio::test]
+async fn enumeration_pages_with_a_marker_and_filters_by_pattern() {
+    let f = fixture(1 << 20);
+    for n in ["b.txt", "A.md", "c.txt", "D.txt"] {
+        f.store.insert(&format!("d/{n}"), "x");
+    }
+    let (h, _) = f.vol.open(r"\d", DIR).await.unwrap();
+    let all: Vec<_> = f
+        .vol
+        .read_directory(&h, None, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(all, vec![".", "..", "A.md", "b.txt", "c.txt", "D.txt"]);
+    let after: Vec<_> = f
+        .vol
+        .read_directory(&h, None, Some("b.txt"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(after, vec!["c.txt", "D.txt"]);
+    let txt: Vec<_> = f
+        .vol
+        .read_directory(&h, Some("*.TXT"), None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(txt, vec!["b.txt", "c.txt", "D.txt"]);
+    f.vol.close(h).await;
+}
+
+/// Explorer copying a 100 MiB file in: create with an allocation size, set the size, write
+/// chunks out of order, set the times, close.
+#[tokio::test]
+async fn scenario_explorer_copies_a_100_mib_file_in() {
+    let f = fixture(16 << 20);
+    const SIZE: usize = 100 << 20;
+    const CHUNK: usize = 1 << 20;
+    let data = pattern(SIZE, 3);
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let (h, _) = f.vol.create(r"\clip.mp4", FILE, SIZE as u64).await.unwrap();
+    f.vol.set_file_size(&h, SIZE as u64, true).await.unwrap();
+    f.vol.set_file_size(&h, SIZE as u64, false).await.unwrap();
+    // Two writers interleaved from both ends, as Explorer's overlapped I/O lands.
+    let n = SIZE / CHUNK;
+    let order: Vec<usize> = (0..n / 2).flat_map(|i| [n - 1 - i, i]).collect();
+    for i in order {
+        let off = i * CHUNK;
+        f.vol
+            .write(&h, off as u64, &data[off..off + CHUNK], false, false)
+            .await
+            .unwrap();
+    }
+    let info = f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
+    assert_eq!(info.file_size, SIZE as u64);
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    let got = f.object("clip.mp4").expect("uploaded");
+    assert!(got == data, "object bytes differ from what was written");
+    let meta = f.store.head("clip.mp4").await.unwrap();
+    assert_eq!(
+        meta.metadata.get(MTIME_KEY).map(String::as_str),
+        Some("1700000000")
+    );
+}
+
+/// Office's safe save: write a temporary file, rename the original to a backup, rename the
+/// temporary to the original, delete the backup. One object with the new bytes remains.
+#[tokio::test]
+async fn scenario_office_safe_save() {
+    let f = fixture(1 << 20);
+    f.store.insert("Docs/Budget.xlsx", "version 1");
+    // Excel has the document open while it saves.
+    let (doc, _) = f.vol.open(r"\Docs\Budget.xlsx", FILE).await.unwrap();
+    assert_eq!(&f.vol.read(&doc, 0, 100).await.unwrap()[..], b"version 1");
+    // 1. The new content goes to a temporary file.
+    f.write_new(r"\Docs\~$tmp1234.tmp", b"version 2, longer")
+        .await;
+    // 2. The original becomes the backup (through the open handle).
+    f.vol
+        .rename(&doc, r"\Docs\Budget.xlsx~RF1.TMP", false)
+        .await
+        .unwrap();
+    // 3. The temporary becomes the original.
+    let (tmp, _) = f.vol.open(r"\Docs\~$tmp1234.tmp", FILE).await.unwrap();
+    f.vol
+        .rename(&tmp, r"\Docs\Budget.xlsx", true)
+        .await
+        .unwrap();
+    f.vol.cleanup(&tmp, false).await.unwrap();
+    f.vol.close(tmp).await;
+    // 4. The backup is deleted.
+    f.vol.set_delete(&doc, true).await.unwrap();
+    f.vol.cleanup(&doc, true).await.unwrap();
+    f.vol.close(doc).await;
+    f.settle().await;
+    // 5. One object, with the new bytes.
+    assert_eq!(f.store.keys(), vec!["Docs/Budget.xlsx".to_string()]);
+    assert_eq!(
+        f.object("Docs/Budget.xlsx").as_deref(),
+        Some(&b"version 2, longer"[..])
+    );
+    assert_eq!(f.read_all(r"\docs\budget.xlsx").await, b"version 2, longer");
+}
+
+/// Explorer asks for `desktop.ini` and `Thumbs.db` in every folder it shows, again and
+/// again. After the first miss, the answer comes from the caches.
+#[tokio::test]
+async fn scenario_desktop_ini_probes_are_answered_from_the_negative_cache() {
+    let f = fixture(1 << 20);
+    f.store.insert("Photos/a.jpg", "a");
+    f.store.insert("b.txt", "b");
+    for dir in [r"", r"\Photos"] {
+        for probe in ["desktop.ini", "Thumbs.db"] {
+            let path = format!(r"{dir}\{probe}");
+            assert!(matches!(
+                f.vol.attributes_of(&path).await,
+                Err(FsError::NotFound)
+            ));
+            let after_first = f.requests();
+            for _ in 0..20 {
+                assert!(matches!(
+                    f.vol.attributes_of(&path).await,
+                    Err(FsError::NotFound)
+                ));
+                assert!(matches!(
+                    f.vol.open(&path.to_uppercase(), ANY).await,
+                    Err(FsError::NotFound)
+                ));
+            }
+            assert_eq!(
+                f.requests(),
+                after_first,
+                "{path}: repeated lookups went to the bucket"
+            );
+        }
+    }
+    // Files that exist are still found.
+    assert_eq!(f.read_all(r"\photos\A.JPG").await, b"a");
+}
+
+#[tokio::test]
+async fn volume_reports_free_space_and_the_bucket_as_label() {
+    let f = fixture(1 << 20);
+    let st = f.vol.volume_stats();
+    assert_eq!(st.label, "bkt");
+    assert!(st.free_size > 0 && st.total_size >= st.free_size);
+}
