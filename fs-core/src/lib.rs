@@ -6,6 +6,8 @@
 //! [`store::ObjectStore`] trait. No layer knows about the one above it. [`windows`] holds what
 //! Windows needs to see differently (names, times, attributes), tested here on Linux.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod filesystem;

@@ -13,8 +13,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use fs_core::cli::progress;
 use fs_core::store::ObjectStore;
 use fs_core::write::writeback::Status;
 use fs_core::Filesystem;
@@ -135,20 +136,9 @@ fn request(mountpoint: &Path, what: &str) -> Result<Status, String> {
     serde_json::from_str(&line).map_err(|e| format!("bad status reply: {e}"))
 }
 
-fn mib(b: u64) -> f64 {
-    b as f64 / (1024.0 * 1024.0)
-}
-
 /// `bucketdrive status MOUNTPOINT [--wait]`.
 pub fn status_command(mountpoint: &Path, wait: bool) -> Result<(), String> {
-    let first = query(mountpoint)?;
-    if !wait {
-        print_status(&first, None);
-        return Ok(());
-    }
-    let last = wait_with_progress(mountpoint, first, false)?;
-    print_status(&last.status, Some(last.rate));
-    Ok(())
+    progress::status_command(&|what| request(mountpoint, what), wait)
 }
 
 /// `bucketdrive unmount MOUNTPOINT [--no-wait]`. By default every pending upload is started
@@ -156,105 +146,11 @@ pub fn status_command(mountpoint: &Path, wait: bool) -> Result<(), String> {
 /// written in between and exits. With `no_wait` the daemon leaves pending uploads journaled for
 /// the next mount.
 pub fn unmount_command(mountpoint: &Path, no_wait: bool) -> Result<(), String> {
-    // A read-only mount has no socket and nothing to upload.
-    let first = request(mountpoint, if no_wait { "skip-drain" } else { "drain" }).ok();
-    let last = match (&first, no_wait) {
-        (Some(first), false) => Some(wait_with_progress(mountpoint, first.clone(), true)?.status),
-        _ => first,
-    };
+    let last = progress::before_unmount(&|what| request(mountpoint, what), no_wait)?;
     crate::mount::unmount(mountpoint)?;
-    let Some(s) = last else {
-        return Ok(());
-    };
-    // The daemon exits once it has finished; its socket goes with it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while query(mountpoint).is_ok() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    if last.is_some() {
+        // The daemon exits once it has finished; its socket goes with it.
+        progress::wait_for_exit(&|| query(mountpoint).is_ok());
     }
-    if no_wait && s.pending_files > 0 {
-        println!(
-            "{} files ({:.1} MiB) stay staged and upload at the next mount",
-            s.pending_files,
-            mib(s.pending_bytes)
-        );
-    }
-    if !no_wait && s.failed_files > 0 {
-        return Err(format!(
-            "unmounted, but {} files ({:.1} MiB) could not be uploaded; they stay staged and \
-             upload at the next mount",
-            s.failed_files,
-            mib(s.pending_bytes)
-        ));
-    }
-    Ok(())
-}
-
-/// The status when a wait ended, and the upload rate while waiting.
-struct Waited {
-    status: Status,
-    rate: f64,
-}
-
-/// Polls the mount until nothing is pending, with a progress bar on a terminal. With `drain`,
-/// each poll keeps every pending upload going now, and the wait also ends when everything
-/// still pending has failed (it is retried with backoff; waiting longer would not help).
-fn wait_with_progress(mountpoint: &Path, first: Status, drain: bool) -> Result<Waited, String> {
-    let started = Instant::now();
-    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let b = indicatif::ProgressBar::new(first.pending_bytes.max(1));
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Some(b)
-    } else {
-        None
-    };
-    let total = first.pending_bytes;
-    loop {
-        let s = request(mountpoint, if drain { "drain" } else { "status" })?;
-        if let Some(b) = &bar {
-            b.set_position(total.saturating_sub(s.pending_bytes));
-            b.set_message(format!("{} files pending", s.pending_files));
-        }
-        // Failed uploads back off; files still being written wait for their close.
-        let stuck =
-            drain && s.uploading_files == 0 && s.failed_files + s.unsaved_files == s.pending_files;
-        if (s.pending_files == 0 && s.uploading_files == 0) || stuck {
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            let secs = started.elapsed().as_secs_f64();
-            let rate =
-                (s.uploaded_bytes.saturating_sub(first.uploaded_bytes)) as f64 / secs.max(0.001);
-            return Ok(Waited { status: s, rate });
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn print_status(s: &Status, rate: Option<f64>) {
-    println!(
-        "pending:   {} files, {:.1} MiB",
-        s.pending_files,
-        mib(s.pending_bytes)
-    );
-    println!(
-        "uploading: {} files, {:.1} MiB/s over the last 10 s",
-        s.uploading_files,
-        mib(s.upload_rate)
-    );
-    println!(
-        "uploaded:  {} files, {:.1} MiB since mount",
-        s.uploaded_files,
-        mib(s.uploaded_bytes)
-    );
-    if let Some(r) = rate {
-        println!(
-            "throughput: {:.1} MiB/s while waiting",
-            r / (1024.0 * 1024.0)
-        );
-    }
-    println!("conflicts: {}", s.conflicts);
-    println!("failures:  {}", s.failures);
+    progress::after_unmount(last, no_wait)
 }

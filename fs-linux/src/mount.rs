@@ -8,16 +8,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use fs_core::store::gcs::{GcsOptions, GcsStore};
-use fs_core::{Filesystem, MountConfig};
+use fs_core::Filesystem;
 use std::os::fd::OwnedFd;
 
 use fuser::{Config, Session, SessionACL};
 
 use crate::daemon::{self, Forked, Outcome, Readiness};
 use crate::fuse::FuseAdapter;
-use crate::{MountArgs, UploadModeArg};
-use fs_core::write::upload::UploadMode;
-use fs_core::write::writeback::WriteConfig;
+use crate::MountArgs;
 
 pub fn run(args: MountArgs) -> ExitCode {
     let fail = |msg: String| {
@@ -97,32 +95,6 @@ fn unescape_mount_path(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-fn init_logging(args: &MountArgs) -> Result<(), String> {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
-        .or_else(|_| EnvFilter::try_new(format!("{},fuser=error", args.log_level)))
-        .map_err(|e| format!("invalid --log-level {:?}: {e}", args.log_level))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    match &args.log_file {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| format!("cannot open log file {}: {e}", path.display()))?;
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init();
-        }
-        None => builder.with_writer(std::io::stderr).init(),
-    }
-    Ok(())
-}
-
 fn serve(
     args: &MountArgs,
     bucket: String,
@@ -130,58 +102,43 @@ fn serve(
     mountpoint: &Path,
     readiness: &mut Readiness,
 ) -> Result<(), String> {
-    init_logging(args)?;
+    // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
+    args.common.init_logging(&["fuser"])?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("bucketdrive")
         .build()
         .map_err(|e| format!("cannot start runtime: {e}"))?;
 
-    let opts = GcsOptions::resolve(args.endpoint.clone(), args.key_file.clone(), args.anonymous);
+    let common = &args.common;
+    let opts = GcsOptions::resolve(
+        common.endpoint.clone(),
+        common.key_file.clone(),
+        common.anonymous,
+    );
     tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
     let store = rt
         .block_on(GcsStore::connect(&bucket, &opts))
         .map_err(|e| e.message)?;
     rt.block_on(store.check_access())?;
 
-    let mut cfg = MountConfig::new(bucket.clone()).with_prefix(&prefix);
-    cfg.stat_ttl = args.stat_ttl;
-    cfg.negative_ttl = args.negative_ttl;
+    let mut cfg = common.mount_config(&bucket, &prefix);
     // SAFETY: geteuid and getegid cannot fail.
     cfg.uid = args.uid.unwrap_or_else(|| unsafe { libc::geteuid() });
     cfg.gid = args.gid.unwrap_or_else(|| unsafe { libc::getegid() });
     cfg.file_mode = args.file_mode;
     cfg.dir_mode = args.dir_mode;
-    cfg.read_part_size = args.read_part_size;
-    cfg.read_concurrency = args.read_concurrency;
-    cfg.max_read_memory = args.max_read_memory;
-
-    cfg.rename_dir_limit = args.rename_dir_limit;
     cfg.posix_metadata = args.posix_metadata;
-    cfg.reported_free_bytes = args.free_space.max(1 << 20);
     let uid = cfg.uid;
     let gid = cfg.gid;
     let store = Arc::new(store);
-    let cache_dir = args.cache_dir.clone().unwrap_or_else(|| {
-        fs_core::write::cache_dir::default_cache_dir(&bucket, &prefix, mountpoint)
-    });
-    let fs = if args.read_only {
-        Filesystem::new(store, cfg)
-    } else {
-        let mut w = WriteConfig::new(cache_dir.clone());
-        w.write_back_delay = args.write_back_delay;
-        w.upload_on_close = args.upload_on_close;
-        w.cache_size = args.cache_size;
-        w.files_concurrency = args.upload_files_concurrency;
-        w.upload.single_shot_threshold = args.single_shot_threshold;
-        w.upload.part_size = args.upload_part_size;
-        w.upload.concurrency = args.upload_concurrency;
-        w.upload.mode = match args.upload_mode {
-            UploadModeArg::Composite => UploadMode::Composite,
-            UploadModeArg::Resumable => UploadMode::Resumable,
-        };
-        tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
-        Filesystem::with_write(store, cfg, w)?
+    let cache_dir = common.cache_dir(&bucket, &prefix, mountpoint);
+    let fs = match common.write_config(cache_dir.clone()) {
+        None => Filesystem::new(store, cfg),
+        Some(w) => {
+            tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
+            Filesystem::with_write(store, cfg, w)?
+        }
     };
     let fs = Arc::new(fs);
     let replayed = rt.block_on(fs.start())?;

@@ -1,0 +1,10 @@
+//! What the two binaries share on the command line, so `bucketdrive` on Linux and
+//! `bucketdrive.exe` on Windows take the same options and print the same status.
+//!
+//! [`options`] holds the mount options common to both platforms and turns them into the core's
+//! configuration; [`progress`] is the client side of `status` and `unmount`, over whatever
+//! transport the platform uses to reach a running mount (a Unix socket, a named pipe).
+//! Built only with the `cli` feature, so the core itself stays free of clap.
+
+pub mod options;
+pub mod progress;

@@ -1,0 +1,331 @@
+//! WinFsp's `FileSystemContext`, translated onto the core's Windows [`Volume`].
+//!
+//! Each callback converts WinFsp's UTF-16 strings and buffers, blocks on the core's future on
+//! the mount's tokio runtime (WinFsp calls from its own dispatcher threads), and maps the
+//! core's error to its NTSTATUS through `FsError::ntstatus`. No decision is made here.
+
+use std::ffi::c_void;
+use std::future::Future;
+use std::sync::Arc;
+
+use fs_core::store::ObjectStore;
+use fs_core::windows::volume::{OpenOptions, Volume, WinEntry, WinHandle, WinInfo};
+use fs_core::FsError;
+use winfsp::filesystem::{
+    DirInfo, DirMarker, FileInfo, FileSecurity, FileSystemContext, OpenFileInfo, VolumeInfo,
+    WideNameInfo,
+};
+use winfsp::{FspError, U16CStr};
+
+use crate::security::Descriptor;
+
+/// WinFsp's cleanup flag for a file marked for deletion.
+const CLEANUP_DELETE: u32 = 0x01;
+/// STATUS_BUFFER_OVERFLOW: the security descriptor does not fit the caller's buffer.
+const STATUS_BUFFER_OVERFLOW: i32 = 0x8000_0005_u32 as i32;
+/// STATUS_OBJECT_NAME_INVALID, for names that are not valid UTF-16.
+const STATUS_OBJECT_NAME_INVALID: i32 = 0xC000_0033_u32 as i32;
+
+fn status(e: FsError) -> FspError {
+    if !matches!(e, FsError::NotFound | FsError::EndOfFile) {
+        tracing::debug!(error = %e, "request failed");
+    }
+    FspError::NTSTATUS(e.ntstatus() as i32)
+}
+
+fn name(s: &U16CStr) -> winfsp::Result<String> {
+    s.to_string()
+        .map_err(|_| FspError::NTSTATUS(STATUS_OBJECT_NAME_INVALID))
+}
+
+fn fill(out: &mut FileInfo, info: &WinInfo) {
+    out.file_attributes = info.attributes;
+    out.reparse_tag = 0;
+    out.allocation_size = info.allocation_size;
+    out.file_size = info.file_size;
+    out.creation_time = info.creation_time;
+    out.last_access_time = info.last_access_time;
+    out.last_write_time = info.last_write_time;
+    out.change_time = info.change_time;
+    out.index_number = info.index_number;
+    out.hard_links = 0;
+    out.ea_size = 0;
+}
+
+/// One mounted bucket as WinFsp sees it.
+pub struct BucketFs<S: ObjectStore> {
+    volume: Arc<Volume<S>>,
+    rt: tokio::runtime::Handle,
+    security: Descriptor,
+}
+
+impl<S: ObjectStore> BucketFs<S> {
+    pub fn new(volume: Arc<Volume<S>>, rt: tokio::runtime::Handle, security: Descriptor) -> Self {
+        BucketFs {
+            volume,
+            rt,
+            security,
+        }
+    }
+
+    /// Runs a core call to completion on the mount's runtime.
+    fn run<T>(&self, f: impl Future<Output = Result<T, FsError>>) -> winfsp::Result<T> {
+        self.rt.block_on(f).map_err(status)
+    }
+
+    fn security_into(&self, out: Option<&mut [c_void]>) -> winfsp::Result<u64> {
+        if let Some(buf) = out {
+            if !self.security.copy_to(buf) {
+                return Err(FspError::NTSTATUS(STATUS_BUFFER_OVERFLOW));
+            }
+        }
+        Ok(self.security.len())
+    }
+
+    fn write_entry(entry: &WinEntry, buffer: &mut [u8], cursor: &mut u32) -> bool {
+        let mut di = DirInfo::<255>::new();
+        fill(di.file_info_mut(), &entry.info);
+        if di.set_name(&entry.name).is_err() {
+            // Longer than a directory entry holds; the core already skips such names.
+            return true;
+        }
+        di.append_to_buffer(buffer, cursor)
+    }
+}
+
+impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
+    type FileContext = WinHandle;
+
+    fn get_security_by_name(
+        &self,
+        file_name: &U16CStr,
+        security_descriptor: Option<&mut [c_void]>,
+        _reparse_point_resolver: impl FnOnce(&U16CStr) -> Option<FileSecurity>,
+    ) -> winfsp::Result<FileSecurity> {
+        let path = name(file_name)?;
+        let attributes = self.run(self.volume.attributes_of(&path))?;
+        Ok(FileSecurity {
+            reparse: false,
+            sz_security_descriptor: self.security_into(security_descriptor)?,
+            attributes,
+        })
+    }
+
+    fn open(
+        &self,
+        file_name: &U16CStr,
+        create_options: u32,
+        _granted_access: u32,
+        file_info: &mut OpenFileInfo,
+    ) -> winfsp::Result<Self::FileContext> {
+        let path = name(file_name)?;
+        let opts = OpenOptions::from_create_options(create_options);
+        let (handle, info) = self.run(self.volume.open(&path, opts))?;
+        fill(file_info.as_mut(), &info);
+        Ok(handle)
+    }
+
+    fn close(&self, context: Self::FileContext) {
+        self.rt.block_on(self.volume.close(context));
+    }
+
+    fn create(
+        &self,
+        file_name: &U16CStr,
+        create_options: u32,
+        _granted_access: u32,
+        _file_attributes: u32,
+        _security_descriptor: Option<&[c_void]>,
+        allocation_size: u64,
+        _extra_buffer: Option<&[u8]>,
+        _extra_buffer_is_reparse_point: bool,
+        file_info: &mut OpenFileInfo,
+    ) -> winfsp::Result<Self::FileContext> {
+        let path = name(file_name)?;
+        let opts = OpenOptions::from_create_options(create_options);
+        let (handle, info) = self.run(self.volume.create(&path, opts, allocation_size))?;
+        fill(file_info.as_mut(), &info);
+        Ok(handle)
+    }
+
+    fn cleanup(&self, context: &Self::FileContext, _file_name: Option<&U16CStr>, flags: u32) {
+        let delete = flags & CLEANUP_DELETE != 0;
+        if let Err(e) = self.rt.block_on(self.volume.cleanup(context, delete)) {
+            // Cleanup cannot fail in Windows; what could not be saved stays staged and
+            // journaled, and is retried.
+            tracing::warn!(ino = context.ino(), delete, error = %e, "cleanup failed");
+        }
+    }
+
+    fn flush(
+        &self,
+        context: Option<&Self::FileContext>,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<()> {
+        // A volume flush (no file) has nothing to add: every close is already durable.
+        let Some(handle) = context else {
+            return Ok(());
+        };
+        let info = self.run(self.volume.flush(handle))?;
+        fill(file_info, &info);
+        Ok(())
+    }
+
+    fn get_file_info(
+        &self,
+        context: &Self::FileContext,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<()> {
+        let info = self.run(self.volume.file_info(context))?;
+        fill(file_info, &info);
+        Ok(())
+    }
+
+    fn get_security(
+        &self,
+        _context: &Self::FileContext,
+        security_descriptor: Option<&mut [c_void]>,
+    ) -> winfsp::Result<u64> {
+        self.security_into(security_descriptor)
+    }
+
+    fn overwrite(
+        &self,
+        context: &Self::FileContext,
+        _file_attributes: u32,
+        _replace_file_attributes: bool,
+        allocation_size: u64,
+        _extra_buffer: Option<&[u8]>,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<()> {
+        let info = self.run(self.volume.overwrite(context, allocation_size))?;
+        fill(file_info, &info);
+        Ok(())
+    }
+
+    fn read_directory(
+        &self,
+        context: &Self::FileContext,
+        pattern: Option<&U16CStr>,
+        marker: DirMarker,
+        buffer: &mut [u8],
+    ) -> winfsp::Result<u32> {
+        let pattern = pattern.map(name).transpose()?;
+        let marker = marker.inner_as_cstr().map(name).transpose()?;
+        let entries = self.run(self.volume.read_directory(
+            context,
+            pattern.as_deref(),
+            marker.as_deref(),
+        ))?;
+        let mut cursor = 0u32;
+        for entry in &entries {
+            if !Self::write_entry(entry, buffer, &mut cursor) {
+                // The buffer is full; WinFsp asks again after the last name it got.
+                return Ok(cursor);
+            }
+        }
+        DirInfo::<255>::finalize_buffer(buffer, &mut cursor);
+        Ok(cursor)
+    }
+
+    fn rename(
+        &self,
+        context: &Self::FileContext,
+        _file_name: &U16CStr,
+        new_file_name: &U16CStr,
+        replace_if_exists: bool,
+    ) -> winfsp::Result<()> {
+        let to = name(new_file_name)?;
+        self.run(self.volume.rename(context, &to, replace_if_exists))
+    }
+
+    fn set_basic_info(
+        &self,
+        context: &Self::FileContext,
+        _file_attributes: u32,
+        _creation_time: u64,
+        _last_access_time: u64,
+        last_write_time: u64,
+        _last_change_time: u64,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<()> {
+        let info = self.run(self.volume.set_basic_info(context, last_write_time))?;
+        fill(file_info, &info);
+        Ok(())
+    }
+
+    fn set_delete(
+        &self,
+        context: &Self::FileContext,
+        _file_name: &U16CStr,
+        delete_file: bool,
+    ) -> winfsp::Result<()> {
+        self.run(self.volume.set_delete(context, delete_file))
+    }
+
+    fn set_file_size(
+        &self,
+        context: &Self::FileContext,
+        new_size: u64,
+        set_allocation_size: bool,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<()> {
+        let info = self.run(
+            self.volume
+                .set_file_size(context, new_size, set_allocation_size),
+        )?;
+        fill(file_info, &info);
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        context: &Self::FileContext,
+        buffer: &mut [u8],
+        offset: u64,
+    ) -> winfsp::Result<u32> {
+        let len = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
+        let data = self.run(self.volume.read(context, offset, len))?;
+        let n = data.len().min(buffer.len());
+        buffer[..n].copy_from_slice(&data[..n]);
+        Ok(n as u32)
+    }
+
+    fn write(
+        &self,
+        context: &Self::FileContext,
+        buffer: &[u8],
+        offset: u64,
+        write_to_eof: bool,
+        constrained_io: bool,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<u32> {
+        let (n, info) =
+            self.run(
+                self.volume
+                    .write(context, offset, buffer, write_to_eof, constrained_io),
+            )?;
+        fill(file_info, &info);
+        Ok(n)
+    }
+
+    fn get_dir_info_by_name(
+        &self,
+        context: &Self::FileContext,
+        file_name: &U16CStr,
+        out_dir_info: &mut DirInfo,
+    ) -> winfsp::Result<()> {
+        let win_name = name(file_name)?;
+        let entry = self.run(self.volume.dir_info_by_name(context, &win_name))?;
+        fill(out_dir_info.file_info_mut(), &entry.info);
+        out_dir_info.set_name(&entry.name)
+    }
+
+    fn get_volume_info(&self, out_volume_info: &mut VolumeInfo) -> winfsp::Result<()> {
+        let st = self.volume.volume_stats();
+        out_volume_info.total_size = st.total_size;
+        out_volume_info.free_size = st.free_size;
+        out_volume_info.set_volume_label(&st.label);
+        Ok(())
+    }
+}

@@ -1,0 +1,130 @@
+//! The control pipe: how `bucketdrive.exe status` and `unmount` talk to a running mount.
+//!
+//! The mount listens on the named pipe `\\.\pipe\bucketdrive-<tag>`, where the tag is a
+//! checksum of the mountpoint, so the CLI finds it from the mountpoint alone. Remote clients
+//! are refused, and the pipe's default security lets only its owner, SYSTEM and
+//! Administrators write to it. One request word, one JSON status line back, as on Linux:
+//! `status`, `drain` (start every pending upload now), `skip-drain` (leave pending uploads
+//! staged at unmount) and `unmount`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fs_core::cli::progress;
+use fs_core::store::ObjectStore;
+use fs_core::write::writeback::Status;
+use fs_core::Filesystem;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::windows::named_pipe::ServerOptions;
+
+/// The pipe of the mount at `mountpoint`.
+pub fn pipe_name(mountpoint: &str) -> String {
+    let m = crate::normalize_mountpoint(mountpoint).to_uppercase();
+    format!(r"\\.\pipe\bucketdrive-{:08x}", crc32c::crc32c(m.as_bytes()))
+}
+
+/// Starts answering requests on `pipe`. `unmount` is signalled when a client asks for it.
+pub fn serve<S: ObjectStore>(
+    rt: &tokio::runtime::Runtime,
+    fs: Arc<Filesystem<S>>,
+    pipe: String,
+    skip_drain: Arc<AtomicBool>,
+    unmount: tokio::sync::mpsc::UnboundedSender<()>,
+) -> std::io::Result<()> {
+    let first = {
+        let _guard = rt.enter();
+        ServerOptions::new()
+            .first_pipe_instance(true)
+            .reject_remote_clients(true)
+            .create(&pipe)?
+    };
+    let draining = Arc::new(AtomicBool::new(false));
+    rt.spawn(async move {
+        let mut server = first;
+        loop {
+            if server.connect().await.is_err() {
+                return;
+            }
+            let stream = server;
+            server = match ServerOptions::new()
+                .reject_remote_clients(true)
+                .create(&pipe)
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("control pipe: {e}");
+                    return;
+                }
+            };
+            let (fs, skip_drain, draining, unmount) = (
+                fs.clone(),
+                skip_drain.clone(),
+                draining.clone(),
+                unmount.clone(),
+            );
+            tokio::spawn(async move {
+                let (r, mut w) = tokio::io::split(stream);
+                let mut line = String::new();
+                if tokio::io::BufReader::new(r)
+                    .read_line(&mut line)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                match line.trim() {
+                    "skip-drain" => skip_drain.store(true, Ordering::SeqCst),
+                    "drain" if !draining.swap(true, Ordering::SeqCst) => {
+                        let (fs, draining) = (fs.clone(), draining.clone());
+                        tokio::spawn(async move {
+                            fs.drain(true).await;
+                            draining.store(false, Ordering::SeqCst);
+                        });
+                    }
+                    "unmount" => {
+                        let _ = unmount.send(());
+                    }
+                    _ => {}
+                }
+                let status = fs.write_status().await;
+                let mut out = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
+                out.push('\n');
+                let _ = w.write_all(out.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Sends one request to the mount behind `pipe`.
+pub fn request(pipe: &str, what: &str) -> Result<Status, String> {
+    let mut stream = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(pipe)
+        .map_err(|e| format!("no bucketdrive mount answers on {pipe} ({e}); is it mounted?"))?;
+    stream
+        .write_all(format!("{what}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&line).map_err(|e| format!("bad status reply: {e}"))
+}
+
+/// `bucketdrive.exe unmount MOUNTPOINT [--no-wait]`: the same waiting as on Linux, then the
+/// mount is asked to unmount itself.
+pub fn unmount_command(mountpoint: &str, no_wait: bool) -> Result<(), String> {
+    let pipe = pipe_name(mountpoint);
+    let ask = |what: &str| request(&pipe, what);
+    let last = progress::before_unmount(&ask, no_wait)?;
+    ask("unmount")?;
+    progress::wait_for_exit(&|| {
+        std::thread::sleep(Duration::from_millis(50));
+        request(&pipe, "status").is_ok()
+    });
+    progress::after_unmount(last, no_wait)
+}

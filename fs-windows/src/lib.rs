@@ -1,1 +1,0 @@
-//! The WinFsp adapter. Empty until the Windows issue fills it: all logic lives in `fs-core`.

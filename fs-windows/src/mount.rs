@@ -1,0 +1,198 @@
+//! `bucketdrive.exe mount`: checks, the runtime, the WinFsp host, and the wait for an unmount.
+//!
+//! The mount runs in the foreground until Ctrl+C, Ctrl+Break (how the WinFsp launcher service
+//! stops a file system it started), logoff or shutdown, or `bucketdrive.exe unmount`. Pending
+//! uploads then finish before the process exits, unless `unmount --no-wait` asked to leave them
+//! staged for the next mount.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fs_core::store::gcs::{GcsOptions, GcsStore};
+use fs_core::windows::to_filetime;
+use fs_core::windows::volume::{Volume, MAX_NAME_UNITS};
+use fs_core::Filesystem;
+use winfsp::host::{FileSystemHost, FileSystemParams, VolumeParams};
+
+use crate::adapter::BucketFs;
+use crate::security::Descriptor;
+use crate::MountArgs;
+
+pub fn run(args: MountArgs) -> ExitCode {
+    match serve(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            tracing::error!("{msg}");
+            eprintln!("bucketdrive: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A drive letter must be free; a directory must not exist yet (WinFsp creates it) but its
+/// parent must.
+fn check_mountpoint(mountpoint: &str) -> Result<String, String> {
+    let m = crate::normalize_mountpoint(mountpoint);
+    let is_drive = m.len() == 2 && m.ends_with(':') && m.as_bytes()[0].is_ascii_alphabetic();
+    if is_drive {
+        if Path::new(&format!("{m}\\")).exists() {
+            return Err(format!("drive {m} is in use: pick a free drive letter"));
+        }
+        return Ok(m);
+    }
+    let p = Path::new(&m);
+    if p.exists() {
+        return Err(format!(
+            "{m} exists: mount on a drive letter (X:) or on a directory that does not exist yet"
+        ));
+    }
+    match p.parent() {
+        Some(parent) if parent.as_os_str().is_empty() || parent.is_dir() => Ok(m),
+        _ => Err(format!("the parent directory of {m} does not exist")),
+    }
+}
+
+fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemParams {
+    let mut vp = VolumeParams::new();
+    vp.filesystem_name("bucketdrive")
+        .sector_size(4096)
+        .sectors_per_allocation_unit(1)
+        .max_component_length(MAX_NAME_UNITS as u16)
+        .volume_creation_time(to_filetime(SystemTime::now()))
+        .volume_serial_number(crc32c::crc32c(bucket.as_bytes()))
+        .file_info_timeout(u32::try_from(args.file_info_timeout.as_millis()).unwrap_or(u32::MAX))
+        // Case-insensitive lookups, names keep their case, full Unicode.
+        .case_sensitive_search(false)
+        .case_preserved_names(true)
+        .unicode_on_disk(true)
+        // No ACLs in a bucket, no alternate streams (so no Zone.Identifier), no reparse
+        // points, no extended attributes.
+        .persistent_acls(false)
+        .named_streams(false)
+        .reparse_points(false)
+        .extended_attributes(false)
+        .read_only_volume(read_only)
+        // Cleanup only matters for files that were changed or are to be deleted.
+        .post_cleanup_when_modified_only(true)
+        .flush_and_purge_on_cleanup(true)
+        // The core matches patterns and answers lookups of one name in a directory.
+        .pass_query_directory_pattern(true)
+        .pass_query_directory_filename(true);
+    if !args.no_network_mode {
+        vp.prefix(format!(r"\bucketdrive\{bucket}"));
+    }
+    let mut params = FileSystemParams::default_params(vp);
+    params.use_dir_info_by_name = true;
+    params
+}
+
+fn serve(args: &MountArgs) -> Result<(), String> {
+    let common = &args.common;
+    let (bucket, prefix) = fs_core::config::parse_bucket_spec(&args.bucket)?;
+    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let security = Descriptor::from_sddl(&args.security)?;
+    common.init_logging(&[])?;
+    let _winfsp = crate::dll::init()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bucketdrive")
+        .build()
+        .map_err(|e| format!("cannot start runtime: {e}"))?;
+
+    let opts = GcsOptions::resolve(
+        common.endpoint.clone(),
+        common.key_file.clone(),
+        common.anonymous,
+    );
+    tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
+    let store = rt
+        .block_on(GcsStore::connect(&bucket, &opts))
+        .map_err(|e| e.message)?;
+    rt.block_on(store.check_access())?;
+
+    let cfg = common.mount_config(&bucket, &prefix);
+    let cache_dir = common.cache_dir(&bucket, &prefix, Path::new(&mountpoint));
+    let store = Arc::new(store);
+    let fs = match common.write_config(cache_dir) {
+        None => Filesystem::new(store, cfg),
+        Some(w) => {
+            tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
+            Filesystem::with_write(store, cfg, w)?
+        }
+    };
+    let fs = Arc::new(fs);
+    let replayed = rt.block_on(fs.start())?;
+    if replayed > 0 {
+        tracing::info!(
+            files = replayed,
+            "uploading files left staged by an earlier run"
+        );
+    }
+    let volume = Arc::new(Volume::new(fs.clone(), &bucket));
+    let context = BucketFs::new(volume, rt.handle().clone(), security);
+    // WinFsp's fine guard: most callbacks run concurrently (the core locks per handle); only
+    // namespace-wide changes such as rename run alone.
+    let mut host: FileSystemHost<BucketFs<GcsStore>> =
+        FileSystemHost::new_with_options(volume_params(args, &bucket, fs.is_read_only()), context)
+            .map_err(|e| format!("cannot create the WinFsp file system: {e:?}"))?;
+    host.mount(mountpoint.as_str())
+        .map_err(|e| format!("cannot mount on {mountpoint}: {e:?}"))?;
+    if let Err(e) = host.start() {
+        host.unmount();
+        return Err(format!("cannot start the WinFsp dispatcher: {e:?}"));
+    }
+
+    let skip_drain = Arc::new(AtomicBool::new(false));
+    let (unmount_tx, mut unmount_rx) = tokio::sync::mpsc::unbounded_channel();
+    let pipe = crate::control::pipe_name(&mountpoint);
+    if let Err(e) = crate::control::serve(&rt, fs.clone(), pipe, skip_drain.clone(), unmount_tx) {
+        tracing::warn!("no control pipe: {e}");
+    }
+    tracing::info!(mountpoint = %mountpoint, bucket = %bucket, "mounted");
+    println!("bucketdrive: {bucket} is mounted on {mountpoint}");
+
+    rt.block_on(async {
+        use tokio::signal::windows::{ctrl_break, ctrl_close, ctrl_shutdown};
+        let (Ok(mut brk), Ok(mut close), Ok(mut shutdown)) =
+            (ctrl_break(), ctrl_close(), ctrl_shutdown())
+        else {
+            tracing::error!("cannot install console handlers; waiting for an unmount request");
+            let _ = unmount_rx.recv().await;
+            return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = brk.recv() => {},
+            _ = close.recv() => {},
+            _ = shutdown.recv() => {},
+            _ = unmount_rx.recv() => {},
+        }
+    });
+    tracing::info!(mountpoint = %mountpoint, "unmounting");
+    host.stop();
+    host.unmount();
+    drop(host);
+
+    let status = rt.block_on(fs.write_status());
+    if skip_drain.load(Ordering::SeqCst) {
+        tracing::info!(
+            files = status.pending_files,
+            bytes = status.pending_bytes,
+            "unmounted without waiting: pending uploads stay staged for the next mount"
+        );
+        rt.shutdown_timeout(Duration::from_secs(1));
+        return Ok(());
+    }
+    let left = rt.block_on(fs.drain(true));
+    if left > 0 {
+        tracing::warn!(
+            files = left,
+            "uploads failed; the files stay staged and will be uploaded at the next mount"
+        );
+    }
+    rt.shutdown_timeout(Duration::from_secs(5));
+    Ok(())
+}
