@@ -55,6 +55,16 @@ fn check_mountpoint(mountpoint: &str) -> Result<String, String> {
     }
 }
 
+/// The WinFsp launcher (`net use X: \\bucketdrive\BUCKET`) passes the volume prefix
+/// `\bucketdrive\BUCKET` as the bucket.
+fn launcher_spec(spec: &str) -> &str {
+    let s = spec.trim_start_matches('\\');
+    match s.get(..12) {
+        Some(head) if head.eq_ignore_ascii_case("bucketdrive\\") => &s[12..],
+        _ => spec,
+    }
+}
+
 fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemParams {
     let mut vp = VolumeParams::new();
     vp.filesystem_name("bucketdrive")
@@ -91,7 +101,7 @@ fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemP
 
 fn serve(args: &MountArgs) -> Result<(), String> {
     let common = &args.common;
-    let (bucket, prefix) = fs_core::config::parse_bucket_spec(&args.bucket)?;
+    let (bucket, prefix) = fs_core::config::parse_bucket_spec(launcher_spec(&args.bucket))?;
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let security = Descriptor::from_sddl(&args.security)?;
     common.init_logging(&[])?;

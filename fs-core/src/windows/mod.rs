@@ -32,15 +32,14 @@ pub fn from_filetime(ft: u64) -> SystemTime {
 pub const FILE_ATTRIBUTE_READONLY: u32 = 0x1;
 pub const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
 pub const FILE_ATTRIBUTE_ARCHIVE: u32 = 0x20;
-pub const FILE_ATTRIBUTE_REPARSE_POINT: u32 = 0x400;
 
 /// The attributes Windows sees: a directory, or a file marked archive (a file not yet backed up,
-/// which is what Explorer expects of a new file); read-only on a read-only mount.
+/// which is what Explorer expects of a new file); read-only on a read-only mount. The volume has
+/// no reparse points, so a symbolic link (an object in gcsfuse's link format) is a plain file.
 pub fn attributes(kind: Kind, read_only: bool) -> u32 {
     let base = match kind {
         Kind::Dir => FILE_ATTRIBUTE_DIRECTORY,
-        Kind::File => FILE_ATTRIBUTE_ARCHIVE,
-        Kind::Symlink => FILE_ATTRIBUTE_ARCHIVE | FILE_ATTRIBUTE_REPARSE_POINT,
+        Kind::File | Kind::Symlink => FILE_ATTRIBUTE_ARCHIVE,
     };
     if read_only {
         base | FILE_ATTRIBUTE_READONLY
