@@ -21,8 +21,8 @@ use tokio::net::windows::named_pipe::ServerOptions;
 
 /// The pipe of the mount at `mountpoint`.
 pub fn pipe_name(mountpoint: &str) -> String {
-    let m = crate::normalize_mountpoint(mountpoint).to_uppercase();
-    format!(r"\\.\pipe\bucketdrive-{:08x}", crc32c::crc32c(m.as_bytes()))
+    let key = fs_core::windows::mountpoint_key(mountpoint);
+    format!(r"\\.\pipe\bucketdrive-{key:08x}")
 }
 
 /// Starts answering requests on `pipe`. `unmount` is signalled when a client asks for it.

@@ -17,7 +17,6 @@ mod dll;
 mod mount;
 mod security;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -101,15 +100,5 @@ fn main() -> ExitCode {
             eprintln!("bucketdrive: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// A mountpoint as the user gave it, in the one form the pipe name and WinFsp use.
-pub fn normalize_mountpoint(mountpoint: &str) -> String {
-    let m = mountpoint.trim_end_matches(['\\', '/']);
-    if m.len() == 2 && m.ends_with(':') {
-        m.to_uppercase()
-    } else {
-        PathBuf::from(m).to_string_lossy().replace('/', "\\")
     }
 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fs_core::store::gcs::{GcsOptions, GcsStore};
-use fs_core::windows::to_filetime;
 use fs_core::windows::volume::{Volume, MAX_NAME_UNITS};
+use fs_core::windows::{launcher_bucket_spec, normalize_mountpoint, to_filetime};
 use fs_core::Filesystem;
 use winfsp::host::{FileSystemHost, FileSystemParams, VolumeParams};
 
@@ -35,7 +35,7 @@ pub fn run(args: MountArgs) -> ExitCode {
 /// A drive letter must be free; a directory must not exist yet (WinFsp creates it) but its
 /// parent must.
 fn check_mountpoint(mountpoint: &str) -> Result<String, String> {
-    let m = crate::normalize_mountpoint(mountpoint);
+    let m = normalize_mountpoint(mountpoint);
     let is_drive = m.len() == 2 && m.ends_with(':') && m.as_bytes()[0].is_ascii_alphabetic();
     if is_drive {
         if Path::new(&format!("{m}\\")).exists() {
@@ -52,16 +52,6 @@ fn check_mountpoint(mountpoint: &str) -> Result<String, String> {
     match p.parent() {
         Some(parent) if parent.as_os_str().is_empty() || parent.is_dir() => Ok(m),
         _ => Err(format!("the parent directory of {m} does not exist")),
-    }
-}
-
-/// The WinFsp launcher (`net use X: \\bucketdrive\BUCKET`) passes the volume prefix
-/// `\bucketdrive\BUCKET` as the bucket.
-fn launcher_spec(spec: &str) -> &str {
-    let s = spec.trim_start_matches('\\');
-    match s.get(..12) {
-        Some(head) if head.eq_ignore_ascii_case("bucketdrive\\") => &s[12..],
-        _ => spec,
     }
 }
 
@@ -101,7 +91,7 @@ fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemP
 
 fn serve(args: &MountArgs) -> Result<(), String> {
     let common = &args.common;
-    let (bucket, prefix) = fs_core::config::parse_bucket_spec(launcher_spec(&args.bucket))?;
+    let (bucket, prefix) = fs_core::config::parse_bucket_spec(launcher_bucket_spec(&args.bucket))?;
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let security = Descriptor::from_sddl(&args.security)?;
     common.init_logging(&[])?;

@@ -48,9 +48,54 @@ pub fn attributes(kind: Kind, read_only: bool) -> u32 {
     }
 }
 
+/// The bucket spec in `bucketdrive.exe mount SPEC`. The WinFsp launcher (`net use X:
+/// \\bucketdrive\BUCKET`) passes the volume prefix `\bucketdrive\BUCKET`; that is the bucket.
+pub fn launcher_bucket_spec(spec: &str) -> &str {
+    let s = spec.trim_start_matches('\\');
+    match s.get(..12) {
+        Some(head) if head.eq_ignore_ascii_case("bucketdrive\\") => &s[12..],
+        _ => spec,
+    }
+}
+
+/// A mountpoint in one form: a drive letter as `X:`, a directory with backslashes and no
+/// trailing separator. [`mountpoint_key`] also ignores case, as Windows paths do.
+pub fn normalize_mountpoint(mountpoint: &str) -> String {
+    let m = mountpoint.trim_end_matches(['\\', '/']).replace('/', "\\");
+    if m.len() == 2 && m.ends_with(':') {
+        m.to_uppercase()
+    } else {
+        m
+    }
+}
+
+/// What names a mount's control pipe: the same for every spelling of its mountpoint.
+pub fn mountpoint_key(mountpoint: &str) -> u32 {
+    crc32c::crc32c(normalize_mountpoint(mountpoint).to_uppercase().as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launcher_prefix_and_mountpoint_forms() {
+        assert_eq!(launcher_bucket_spec(r"\bucketdrive\my-bucket"), "my-bucket");
+        assert_eq!(
+            launcher_bucket_spec(r"\\BucketDrive\my-bucket"),
+            "my-bucket"
+        );
+        assert_eq!(launcher_bucket_spec("gs://b/p"), "gs://b/p");
+        assert_eq!(launcher_bucket_spec("bucketdrivex"), "bucketdrivex");
+        assert_eq!(normalize_mountpoint("x:"), "X:");
+        assert_eq!(normalize_mountpoint("X:\\"), "X:");
+        assert_eq!(normalize_mountpoint("c:/Buckets/b/"), r"c:\Buckets\b");
+        assert_eq!(mountpoint_key("x:\\"), mountpoint_key("X:"));
+        assert_eq!(
+            mountpoint_key(r"C:\buckets\B"),
+            mountpoint_key("c:/Buckets/b/")
+        );
+    }
 
     #[test]
     fn filetimes_round_trip_and_match_known_values() {

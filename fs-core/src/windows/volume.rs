@@ -571,8 +571,12 @@ impl<S: ObjectStore> Volume<S> {
         write_to_eof: bool,
         constrained: bool,
     ) -> FsResult<(u32, WinInfo)> {
-        let mut io = h.io.lock().await;
-        let fh = self.writer(h, &mut io).await?;
+        // The handle's lock only guards taking the writer: Explorer keeps several writes of
+        // one handle in flight, and the core orders them itself.
+        let (fh, allocation) = {
+            let mut io = h.io.lock().await;
+            (self.writer(h, &mut io).await?, io.allocation)
+        };
         let mut offset = offset;
         let mut data = data;
         if write_to_eof || constrained {
@@ -583,14 +587,14 @@ impl<S: ObjectStore> Volume<S> {
             if constrained {
                 if offset >= size {
                     let attr = self.fs.getattr(h.ino).await?;
-                    return Ok((0, self.info(&attr, io.allocation)));
+                    return Ok((0, self.info(&attr, allocation)));
                 }
                 data = &data[..data.len().min((size - offset) as usize)];
             }
         }
         let n = self.fs.write(fh, offset, data).await?;
         let attr = self.fs.getattr(h.ino).await?;
-        Ok((n, self.info(&attr, io.allocation)))
+        Ok((n, self.info(&attr, allocation)))
     }
 
     /// `SetEndOfFile` (`allocation` false) or an allocation size (`allocation` true). An
@@ -695,9 +699,15 @@ impl<S: ObjectStore> Volume<S> {
         }
     }
 
-    /// The handle is gone: release what it holds.
+    /// The handle is gone: release what it holds. Writes that arrived after cleanup (paging
+    /// I/O can) are committed first, so nothing is left unsaved; with none, this is free.
     pub async fn close(&self, h: WinHandle) {
         let mut io = h.io.lock().await;
+        if let Some(fh) = io.writer {
+            if let Err(e) = self.fs.flush(fh).await {
+                tracing::warn!(ino = h.ino, error = %e, "saving late writes at close failed");
+            }
+        }
         for fh in [io.writer.take(), io.reader.take()].into_iter().flatten() {
             self.fs.release(fh).await;
         }

@@ -493,15 +493,17 @@ async fn scenario_explorer_copies_a_100_mib_file_in() {
     let (h, _) = f.vol.create(r"\clip.mp4", FILE, SIZE as u64).await.unwrap();
     f.vol.set_file_size(&h, SIZE as u64, true).await.unwrap();
     f.vol.set_file_size(&h, SIZE as u64, false).await.unwrap();
-    // Two writers interleaved from both ends, as Explorer's overlapped I/O lands.
+    // Overlapped I/O: two writes of one handle in flight at once, from both ends inwards.
     let n = SIZE / CHUNK;
-    let order: Vec<usize> = (0..n / 2).flat_map(|i| [n - 1 - i, i]).collect();
-    for i in order {
-        let off = i * CHUNK;
-        f.vol
-            .write(&h, off as u64, &data[off..off + CHUNK], false, false)
-            .await
-            .unwrap();
+    for i in 0..n / 2 {
+        let (hi, lo) = ((n - 1 - i) * CHUNK, i * CHUNK);
+        let (a, b) = tokio::join!(
+            f.vol
+                .write(&h, hi as u64, &data[hi..hi + CHUNK], false, false),
+            f.vol
+                .write(&h, lo as u64, &data[lo..lo + CHUNK], false, false),
+        );
+        assert_eq!((a.unwrap().0, b.unwrap().0), (CHUNK as u32, CHUNK as u32));
     }
     let info = f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
     assert_eq!(info.file_size, SIZE as u64);
