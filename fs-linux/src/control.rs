@@ -11,11 +11,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fs_core::cli::progress;
+use fs_core::cli::{lifecycle, progress};
 use fs_core::store::ObjectStore;
 use fs_core::write::writeback::Status;
 use fs_core::Filesystem;
@@ -55,7 +54,7 @@ pub fn serve<S: ObjectStore>(
     fs: Arc<Filesystem<S>>,
     cache_dir: &Path,
     mountpoint: &Path,
-    skip_drain: Arc<AtomicBool>,
+    control: Arc<lifecycle::Control>,
 ) -> std::io::Result<ControlSocket> {
     let socket = cache_dir.join("control.sock");
     let _ = std::fs::remove_file(&socket);
@@ -70,12 +69,9 @@ pub fn serve<S: ObjectStore>(
     let link = registry_link(mountpoint);
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&socket, &link)?;
-    let draining = Arc::new(AtomicBool::new(false));
     rt.spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let fs = fs.clone();
-            let skip_drain = skip_drain.clone();
-            let draining = draining.clone();
+            let (fs, control) = (fs.clone(), control.clone());
             tokio::spawn(async move {
                 let (r, mut w) = stream.into_split();
                 let mut line = String::new();
@@ -86,21 +82,8 @@ pub fn serve<S: ObjectStore>(
                 {
                     return;
                 }
-                match line.trim() {
-                    "skip-drain" => skip_drain.store(true, Ordering::SeqCst),
-                    "drain" if !draining.swap(true, Ordering::SeqCst) => {
-                        let (fs, draining) = (fs.clone(), draining.clone());
-                        tokio::spawn(async move {
-                            fs.drain(true).await;
-                            draining.store(false, Ordering::SeqCst);
-                        });
-                    }
-                    _ => {}
-                }
-                let status = fs.write_status().await;
-                let mut out = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
-                out.push('\n');
-                let _ = w.write_all(out.as_bytes()).await;
+                let reply = control.answer(&fs, &line).await;
+                let _ = w.write_all(reply.as_bytes()).await;
             });
         }
     });

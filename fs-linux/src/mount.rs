@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use fs_core::store::gcs::{GcsOptions, GcsStore};
-use fs_core::Filesystem;
+use fs_core::cli::lifecycle;
 use std::os::fd::OwnedFd;
 
 use fuser::{Config, Session, SessionACL};
@@ -104,50 +103,18 @@ fn serve(
 ) -> Result<(), String> {
     // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
     args.common.init_logging(&["fuser"])?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("bucketdrive")
-        .build()
-        .map_err(|e| format!("cannot start runtime: {e}"))?;
-
-    let common = &args.common;
-    let opts = GcsOptions::resolve(
-        common.endpoint.clone(),
-        common.key_file.clone(),
-        common.anonymous,
-    );
-    tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
-    let store = rt
-        .block_on(GcsStore::connect(&bucket, &opts))
-        .map_err(|e| e.message)?;
-    rt.block_on(store.check_access())?;
-
-    let mut cfg = common.mount_config(&bucket, &prefix);
+    let rt = lifecycle::runtime()?;
     // SAFETY: geteuid and getegid cannot fail.
-    cfg.uid = args.uid.unwrap_or_else(|| unsafe { libc::geteuid() });
-    cfg.gid = args.gid.unwrap_or_else(|| unsafe { libc::getegid() });
-    cfg.file_mode = args.file_mode;
-    cfg.dir_mode = args.dir_mode;
-    cfg.posix_metadata = args.posix_metadata;
-    let uid = cfg.uid;
-    let gid = cfg.gid;
-    let store = Arc::new(store);
-    let cache_dir = common.cache_dir(&bucket, &prefix, mountpoint);
-    let fs = match common.write_config(cache_dir.clone()) {
-        None => Filesystem::new(store, cfg),
-        Some(w) => {
-            tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
-            Filesystem::with_write(store, cfg, w)?
-        }
-    };
-    let fs = Arc::new(fs);
-    let replayed = rt.block_on(fs.start())?;
-    if replayed > 0 {
-        tracing::info!(
-            files = replayed,
-            "uploading files left staged by an earlier run"
-        );
-    }
+    let uid = args.uid.unwrap_or_else(|| unsafe { libc::geteuid() });
+    let gid = args.gid.unwrap_or_else(|| unsafe { libc::getegid() });
+    let fs = lifecycle::open_filesystem(&rt, &args.common, &bucket, &prefix, mountpoint, |cfg| {
+        cfg.uid = uid;
+        cfg.gid = gid;
+        cfg.file_mode = args.file_mode;
+        cfg.dir_mode = args.dir_mode;
+        cfg.posix_metadata = args.posix_metadata;
+    })?;
+    let cache_dir = args.common.cache_dir(&bucket, &prefix, mountpoint);
     let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
     let fd = kernel_mount(mountpoint, &bucket, uid, gid)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
@@ -188,11 +155,11 @@ fn serve(
         }
     });
 
-    let skip_drain = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let control = Arc::new(lifecycle::Control::default());
     let _control = if fs.is_read_only() {
         None
     } else {
-        match crate::control::serve(&rt, fs.clone(), &cache_dir, mountpoint, skip_drain.clone()) {
+        match crate::control::serve(&rt, fs.clone(), &cache_dir, mountpoint, control.clone()) {
             Ok(c) => Some(c),
             Err(e) => {
                 tracing::warn!("no status socket: {e}");
@@ -204,33 +171,7 @@ fn serve(
     readiness.ready();
     let result = session.run();
     tracing::info!("session ended");
-    // Uploads still pending finish before the process exits; whatever cannot be uploaded stays
-    // journaled for the next mount.
-    let status = rt.block_on(fs.write_status());
-    if skip_drain.load(std::sync::atomic::Ordering::SeqCst) {
-        tracing::info!(
-            files = status.pending_files,
-            bytes = status.pending_bytes,
-            "unmounted without waiting: pending uploads stay staged for the next mount"
-        );
-        rt.shutdown_timeout(std::time::Duration::from_secs(1));
-        return result.map_err(|e| format!("FUSE session failed: {e}"));
-    }
-    if status.pending_files > 0 {
-        tracing::info!(
-            files = status.pending_files,
-            bytes = status.pending_bytes,
-            "finishing pending uploads"
-        );
-    }
-    let left = rt.block_on(fs.drain(true));
-    if left > 0 {
-        tracing::warn!(
-            files = left,
-            "uploads failed; the files stay staged and will be uploaded at the next mount"
-        );
-    }
-    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    lifecycle::finish(rt, &fs, control.skip_drain());
     result.map_err(|e| format!("FUSE session failed: {e}"))
 }
 

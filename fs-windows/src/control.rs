@@ -8,11 +8,10 @@
 //! staged at unmount) and `unmount`.
 
 use std::io::{BufRead, BufReader, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fs_core::cli::progress;
+use fs_core::cli::{lifecycle, progress};
 use fs_core::store::ObjectStore;
 use fs_core::write::writeback::Status;
 use fs_core::Filesystem;
@@ -30,7 +29,7 @@ pub fn serve<S: ObjectStore>(
     rt: &tokio::runtime::Runtime,
     fs: Arc<Filesystem<S>>,
     pipe: String,
-    skip_drain: Arc<AtomicBool>,
+    control: Arc<lifecycle::Control>,
     unmount: tokio::sync::mpsc::UnboundedSender<()>,
 ) -> std::io::Result<()> {
     let first = {
@@ -40,7 +39,6 @@ pub fn serve<S: ObjectStore>(
             .reject_remote_clients(true)
             .create(&pipe)?
     };
-    let draining = Arc::new(AtomicBool::new(false));
     rt.spawn(async move {
         let mut server = first;
         loop {
@@ -58,12 +56,7 @@ pub fn serve<S: ObjectStore>(
                     return;
                 }
             };
-            let (fs, skip_drain, draining, unmount) = (
-                fs.clone(),
-                skip_drain.clone(),
-                draining.clone(),
-                unmount.clone(),
-            );
+            let (fs, control, unmount) = (fs.clone(), control.clone(), unmount.clone());
             tokio::spawn(async move {
                 let (r, mut w) = tokio::io::split(stream);
                 let mut line = String::new();
@@ -74,24 +67,11 @@ pub fn serve<S: ObjectStore>(
                 {
                     return;
                 }
-                match line.trim() {
-                    "skip-drain" => skip_drain.store(true, Ordering::SeqCst),
-                    "drain" if !draining.swap(true, Ordering::SeqCst) => {
-                        let (fs, draining) = (fs.clone(), draining.clone());
-                        tokio::spawn(async move {
-                            fs.drain(true).await;
-                            draining.store(false, Ordering::SeqCst);
-                        });
-                    }
-                    "unmount" => {
-                        let _ = unmount.send(());
-                    }
-                    _ => {}
+                if line.trim() == "unmount" {
+                    let _ = unmount.send(());
                 }
-                let status = fs.write_status().await;
-                let mut out = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
-                out.push('\n');
-                let _ = w.write_all(out.as_bytes()).await;
+                let reply = control.answer(&fs, &line).await;
+                let _ = w.write_all(reply.as_bytes()).await;
             });
         }
     });

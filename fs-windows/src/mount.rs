@@ -7,14 +7,13 @@
 
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use fs_core::store::gcs::{GcsOptions, GcsStore};
+use fs_core::cli::lifecycle;
+use fs_core::store::gcs::GcsStore;
 use fs_core::windows::volume::{Volume, MAX_NAME_UNITS};
 use fs_core::windows::{launcher_bucket_spec, normalize_mountpoint, to_filetime};
-use fs_core::Filesystem;
 use winfsp::host::{FileSystemHost, FileSystemParams, VolumeParams};
 
 use crate::adapter::BucketFs;
@@ -96,41 +95,15 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     let security = Descriptor::from_sddl(&args.security)?;
     common.init_logging(&[])?;
     let _winfsp = crate::dll::init()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("bucketdrive")
-        .build()
-        .map_err(|e| format!("cannot start runtime: {e}"))?;
-
-    let opts = GcsOptions::resolve(
-        common.endpoint.clone(),
-        common.key_file.clone(),
-        common.anonymous,
-    );
-    tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
-    let store = rt
-        .block_on(GcsStore::connect(&bucket, &opts))
-        .map_err(|e| e.message)?;
-    rt.block_on(store.check_access())?;
-
-    let cfg = common.mount_config(&bucket, &prefix);
-    let cache_dir = common.cache_dir(&bucket, &prefix, Path::new(&mountpoint));
-    let store = Arc::new(store);
-    let fs = match common.write_config(cache_dir) {
-        None => Filesystem::new(store, cfg),
-        Some(w) => {
-            tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
-            Filesystem::with_write(store, cfg, w)?
-        }
-    };
-    let fs = Arc::new(fs);
-    let replayed = rt.block_on(fs.start())?;
-    if replayed > 0 {
-        tracing::info!(
-            files = replayed,
-            "uploading files left staged by an earlier run"
-        );
-    }
+    let rt = lifecycle::runtime()?;
+    let fs = lifecycle::open_filesystem(
+        &rt,
+        common,
+        &bucket,
+        &prefix,
+        Path::new(&mountpoint),
+        |_| {},
+    )?;
     let volume = Arc::new(Volume::new(fs.clone(), &bucket));
     let context = BucketFs::new(volume, rt.handle().clone(), security);
     // WinFsp's fine guard: most callbacks run concurrently (the core locks per handle); only
@@ -145,10 +118,10 @@ fn serve(args: &MountArgs) -> Result<(), String> {
         return Err(format!("cannot start the WinFsp dispatcher: {e:?}"));
     }
 
-    let skip_drain = Arc::new(AtomicBool::new(false));
+    let control = Arc::new(lifecycle::Control::default());
     let (unmount_tx, mut unmount_rx) = tokio::sync::mpsc::unbounded_channel();
     let pipe = crate::control::pipe_name(&mountpoint);
-    if let Err(e) = crate::control::serve(&rt, fs.clone(), pipe, skip_drain.clone(), unmount_tx) {
+    if let Err(e) = crate::control::serve(&rt, fs.clone(), pipe, control.clone(), unmount_tx) {
         tracing::warn!("no control pipe: {e}");
     }
     tracing::info!(mountpoint = %mountpoint, bucket = %bucket, "mounted");
@@ -176,23 +149,6 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     host.unmount();
     drop(host);
 
-    let status = rt.block_on(fs.write_status());
-    if skip_drain.load(Ordering::SeqCst) {
-        tracing::info!(
-            files = status.pending_files,
-            bytes = status.pending_bytes,
-            "unmounted without waiting: pending uploads stay staged for the next mount"
-        );
-        rt.shutdown_timeout(Duration::from_secs(1));
-        return Ok(());
-    }
-    let left = rt.block_on(fs.drain(true));
-    if left > 0 {
-        tracing::warn!(
-            files = left,
-            "uploads failed; the files stay staged and will be uploaded at the next mount"
-        );
-    }
-    rt.shutdown_timeout(Duration::from_secs(5));
+    lifecycle::finish(rt, &fs, control.skip_drain());
     Ok(())
 }

@@ -2,9 +2,12 @@
 //! `bucketdrive.exe` on Windows take the same options and print the same status.
 //!
 //! [`options`] holds the mount options common to both platforms and turns them into the core's
-//! configuration; [`progress`] is the client side of `status` and `unmount`, over whatever
-//! transport the platform uses to reach a running mount (a Unix socket, a named pipe).
+//! configuration; [`lifecycle`] is the mount process around the adapter (connect, build, answer
+//! control requests, finish uploads); [`progress`] is the client side of `status` and
+//! `unmount`, over whatever transport the platform uses to reach a running mount (a Unix
+//! socket, a named pipe).
 //! Built only with the `cli` feature, so the core itself stays free of clap.
 
+pub mod lifecycle;
 pub mod options;
 pub mod progress;

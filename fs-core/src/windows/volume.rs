@@ -494,17 +494,7 @@ impl<S: ObjectStore> Volume<S> {
                 self.fs.setattr(h.ino, Some(0), None, Some(fh)).await?;
             }
             None => {
-                let opened = self
-                    .fs
-                    .open(
-                        h.ino,
-                        OpenMode {
-                            write: true,
-                            truncate: true,
-                        },
-                    )
-                    .await?;
-                io.writer = Some(opened.fh);
+                self.writer(h, &mut io, true).await?;
             }
         }
         io.allocation = (allocation_size > 0).then_some(allocation_size);
@@ -518,8 +508,8 @@ impl<S: ObjectStore> Volume<S> {
         Ok(self.info(&attr, io.allocation))
     }
 
-    /// The core handle for writing, taken on the first change.
-    async fn writer(&self, h: &WinHandle, io: &mut HandleIo) -> FsResult<u64> {
+    /// The core handle for writing, taken on the first change (`truncate`: opened empty).
+    async fn writer(&self, h: &WinHandle, io: &mut HandleIo, truncate: bool) -> FsResult<u64> {
         if h.is_dir() {
             return Err(FsError::IsDir);
         }
@@ -532,7 +522,7 @@ impl<S: ObjectStore> Volume<S> {
                 h.ino,
                 OpenMode {
                     write: true,
-                    truncate: false,
+                    truncate,
                 },
             )
             .await?;
@@ -575,7 +565,7 @@ impl<S: ObjectStore> Volume<S> {
         // one handle in flight, and the core orders them itself.
         let (fh, allocation) = {
             let mut io = h.io.lock().await;
-            (self.writer(h, &mut io).await?, io.allocation)
+            (self.writer(h, &mut io, false).await?, io.allocation)
         };
         let mut offset = offset;
         let mut data = data;
@@ -615,7 +605,7 @@ impl<S: ObjectStore> Volume<S> {
             }
         }
         if size != current.size {
-            let fh = self.writer(h, &mut io).await?;
+            let fh = self.writer(h, &mut io, false).await?;
             self.fs.setattr(h.ino, Some(size), None, Some(fh)).await?;
         }
         let attr = self.fs.getattr(h.ino).await?;

@@ -1,0 +1,133 @@
+//! The mount process's life apart from the kernel: connect to the bucket and build the
+//! filesystem, answer control requests, and finish pending uploads at the end. Both binaries
+//! run exactly this around their own adapter.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+
+use super::options::CommonArgs;
+use crate::config::MountConfig;
+use crate::store::gcs::{GcsOptions, GcsStore};
+use crate::store::ObjectStore;
+use crate::Filesystem;
+
+/// A multi-threaded runtime for the mount.
+pub fn runtime() -> Result<Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bucketdrive")
+        .build()
+        .map_err(|e| format!("cannot start runtime: {e}"))
+}
+
+/// Connects to the bucket (a missing bucket or bad credentials is an error here, before
+/// anything is mounted), builds the filesystem, and replays what an earlier run left staged.
+/// `platform` adds the platform's own options to the configuration.
+pub fn open_filesystem(
+    rt: &Runtime,
+    common: &CommonArgs,
+    bucket: &str,
+    prefix: &str,
+    mountpoint: &Path,
+    platform: impl FnOnce(&mut MountConfig),
+) -> Result<Arc<Filesystem<GcsStore>>, String> {
+    let opts = GcsOptions::resolve(
+        common.endpoint.clone(),
+        common.key_file.clone(),
+        common.anonymous,
+    );
+    tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
+    let store = rt
+        .block_on(GcsStore::connect(bucket, &opts))
+        .map_err(|e| e.message)?;
+    rt.block_on(store.check_access())?;
+
+    let mut cfg = common.mount_config(bucket, prefix);
+    platform(&mut cfg);
+    let store = Arc::new(store);
+    let fs = match common.write_config(common.cache_dir(bucket, prefix, mountpoint)) {
+        None => Filesystem::new(store, cfg),
+        Some(w) => {
+            tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
+            Filesystem::with_write(store, cfg, w)?
+        }
+    };
+    let fs = Arc::new(fs);
+    let replayed = rt.block_on(fs.start())?;
+    if replayed > 0 {
+        tracing::info!(
+            files = replayed,
+            "uploading files left staged by an earlier run"
+        );
+    }
+    Ok(fs)
+}
+
+/// The mount's side of the control channel: one request word in, the upload status out as
+/// one JSON line. `status` only reports; `drain` also starts every pending upload now,
+/// whatever its write-back delay; `skip-drain` leaves pending uploads staged at unmount.
+#[derive(Default)]
+pub struct Control {
+    skip_drain: AtomicBool,
+    draining: Arc<AtomicBool>,
+}
+
+impl Control {
+    /// Whether `unmount --no-wait` asked to leave pending uploads staged.
+    pub fn skip_drain(&self) -> bool {
+        self.skip_drain.load(Ordering::SeqCst)
+    }
+
+    /// Acts on one request and returns the reply line.
+    pub async fn answer<S: ObjectStore>(&self, fs: &Arc<Filesystem<S>>, request: &str) -> String {
+        match request.trim() {
+            "skip-drain" => self.skip_drain.store(true, Ordering::SeqCst),
+            "drain" if !self.draining.swap(true, Ordering::SeqCst) => {
+                let (fs, draining) = (fs.clone(), self.draining.clone());
+                tokio::spawn(async move {
+                    fs.drain(true).await;
+                    draining.store(false, Ordering::SeqCst);
+                });
+            }
+            _ => {}
+        }
+        let status = fs.write_status().await;
+        let mut out = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
+        out.push('\n');
+        out
+    }
+}
+
+/// After the unmount: pending uploads finish before the process exits (unless `skip_drain`);
+/// whatever cannot be uploaded stays journaled for the next mount.
+pub fn finish<S: ObjectStore>(rt: Runtime, fs: &Filesystem<S>, skip_drain: bool) {
+    let status = rt.block_on(fs.write_status());
+    if skip_drain {
+        tracing::info!(
+            files = status.pending_files,
+            bytes = status.pending_bytes,
+            "unmounted without waiting: pending uploads stay staged for the next mount"
+        );
+        rt.shutdown_timeout(Duration::from_secs(1));
+        return;
+    }
+    if status.pending_files > 0 {
+        tracing::info!(
+            files = status.pending_files,
+            bytes = status.pending_bytes,
+            "finishing pending uploads"
+        );
+    }
+    let left = rt.block_on(fs.drain(true));
+    if left > 0 {
+        tracing::warn!(
+            files = left,
+            "uploads failed; the files stay staged and will be uploaded at the next mount"
+        );
+    }
+    rt.shutdown_timeout(Duration::from_secs(5));
+}
