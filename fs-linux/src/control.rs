@@ -7,7 +7,6 @@
 //! whatever its write-back delay (`unmount` waits on it before unmounting); `skip-drain` tells
 //! the daemon to leave pending uploads journaled when it is unmounted (`unmount --no-wait`).
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -100,7 +99,7 @@ fn request(mountpoint: &Path, what: &str) -> Result<Status, String> {
         .canonicalize()
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let link = registry_link(&abs);
-    let mut stream = UnixStream::connect(&link).map_err(|e| {
+    let stream = UnixStream::connect(&link).map_err(|e| {
         format!(
             "no bucketdrive mount with a status socket at {} ({e}); is it mounted writable?",
             abs.display()
@@ -109,14 +108,7 @@ fn request(mountpoint: &Path, what: &str) -> Result<Status, String> {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    stream
-        .write_all(format!("{what}\n").as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    serde_json::from_str(&line).map_err(|e| format!("bad status reply: {e}"))
+    progress::exchange(stream, what)
 }
 
 /// `bucketdrive status MOUNTPOINT [--wait]`.

@@ -7,7 +7,6 @@
 //! `status`, `drain` (start every pending upload now), `skip-drain` (leave pending uploads
 //! staged at unmount) and `unmount`.
 
-use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,19 +79,12 @@ pub fn serve<S: ObjectStore>(
 
 /// Sends one request to the mount behind `pipe`.
 pub fn request(pipe: &str, what: &str) -> Result<Status, String> {
-    let mut stream = std::fs::OpenOptions::new()
+    let pipe_end = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(pipe)
         .map_err(|e| format!("no bucketdrive mount answers on {pipe} ({e}); is it mounted?"))?;
-    stream
-        .write_all(format!("{what}\n").as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    serde_json::from_str(&line).map_err(|e| format!("bad status reply: {e}"))
+    progress::exchange(pipe_end, what)
 }
 
 /// `bucketdrive.exe unmount MOUNTPOINT [--no-wait]`: the same waiting as on Linux, then the

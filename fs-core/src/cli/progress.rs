@@ -11,6 +11,23 @@ use crate::write::writeback::Status;
 /// Sends one request to the mount and returns its status.
 pub type Request<'a> = &'a dyn Fn(&str) -> Result<Status, String>;
 
+/// One request over a connected control channel: the word and a newline out, one JSON
+/// status line back.
+pub fn exchange<C: std::io::Read + std::io::Write>(
+    mut channel: C,
+    what: &str,
+) -> Result<Status, String> {
+    use std::io::BufRead;
+    channel
+        .write_all(format!("{what}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    std::io::BufReader::new(channel)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&line).map_err(|e| format!("bad status reply: {e}"))
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
