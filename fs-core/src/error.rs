@@ -11,6 +11,9 @@ use crate::store::{StoreError, StoreErrorKind};
 pub enum FsError {
     #[error("no such file or directory")]
     NotFound,
+    /// A directory on the way to the name is missing (Windows tells this apart).
+    #[error("no such directory in the path")]
+    PathNotFound,
     #[error("file exists")]
     Exists,
     #[error("not a directory")]
@@ -53,7 +56,7 @@ impl FsError {
     #[cfg(unix)]
     pub fn errno(&self) -> i32 {
         match self {
-            FsError::NotFound => libc::ENOENT,
+            FsError::NotFound | FsError::PathNotFound => libc::ENOENT,
             FsError::Exists => libc::EEXIST,
             FsError::NotDir => libc::ENOTDIR,
             FsError::IsDir => libc::EISDIR,
@@ -78,6 +81,7 @@ impl FsError {
     pub fn ntstatus(&self) -> u32 {
         match self {
             FsError::NotFound => 0xC000_0034, // STATUS_OBJECT_NAME_NOT_FOUND
+            FsError::PathNotFound => 0xC000_003A, // STATUS_OBJECT_PATH_NOT_FOUND
             FsError::Exists => 0xC000_0035,   // STATUS_OBJECT_NAME_COLLISION
             FsError::NotDir => 0xC000_0103,   // STATUS_NOT_A_DIRECTORY
             FsError::IsDir => 0xC000_00BA,    // STATUS_FILE_IS_A_DIRECTORY

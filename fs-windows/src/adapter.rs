@@ -27,7 +27,10 @@ const STATUS_BUFFER_OVERFLOW: i32 = 0x8000_0005_u32 as i32;
 const STATUS_OBJECT_NAME_INVALID: i32 = 0xC000_0033_u32 as i32;
 
 fn status(e: FsError) -> FspError {
-    if !matches!(e, FsError::NotFound | FsError::EndOfFile) {
+    if !matches!(
+        e,
+        FsError::NotFound | FsError::PathNotFound | FsError::EndOfFile
+    ) {
         tracing::debug!(error = %e, "request failed");
     }
     FspError::NTSTATUS(e.ntstatus() as i32)

@@ -339,20 +339,26 @@ impl<S: ObjectStore> Volume<S> {
         }
     }
 
-    /// Resolves a whole Windows path; the caller owns one reference to the result.
+    /// Resolves a whole Windows path; the caller owns one reference to the result. A missing
+    /// last name is `NotFound`; a missing directory, or a file, on the way is `PathNotFound`,
+    /// which programs tell apart (`ERROR_PATH_NOT_FOUND`, say, makes them create the folder).
     async fn resolve(&self, win_path: &str) -> FsResult<Attr> {
         if utf16_len(win_path) > MAX_PATH_UNITS {
             return Err(FsError::InvalidName(win_path.to_string()));
         }
+        let comps = components(win_path);
         let mut attr = self.fs.getattr(ROOT_INO).await?;
-        for comp in components(win_path) {
+        for (i, comp) in comps.iter().enumerate() {
             if attr.kind != Kind::Dir {
                 self.fs.forget(attr.ino, 1);
-                return Err(FsError::NotDir);
+                return Err(FsError::PathNotFound);
             }
             let next = self.child(attr.ino, comp).await;
             self.fs.forget(attr.ino, 1);
-            attr = next?;
+            attr = match next {
+                Err(FsError::NotFound) if i + 1 < comps.len() => return Err(FsError::PathNotFound),
+                other => other?,
+            };
         }
         Ok(attr)
     }
@@ -368,10 +374,13 @@ impl<S: ObjectStore> Volume<S> {
         if last.is_empty() {
             return Err(FsError::InvalidName(win_path.to_string()));
         }
-        let parent = self.resolve(dir).await?;
+        let parent = match self.resolve(dir).await {
+            Err(FsError::NotFound) => return Err(FsError::PathNotFound),
+            other => other?,
+        };
         if parent.kind != Kind::Dir {
             self.fs.forget(parent.ino, 1);
-            return Err(FsError::NotDir);
+            return Err(FsError::PathNotFound);
         }
         Ok((parent, last))
     }

@@ -138,6 +138,23 @@ async fn lookups_ignore_case_and_names_keep_theirs() {
         f.vol.create(r"\DOCS", DIR, 0).await,
         Err(FsError::Exists)
     ));
+    // A missing folder on the way is told apart from a missing name.
+    assert!(matches!(
+        f.vol.open(r"\nope\report.docx", ANY).await,
+        Err(FsError::PathNotFound)
+    ));
+    assert!(matches!(
+        f.vol.create(r"\nope\new.txt", FILE, 0).await,
+        Err(FsError::PathNotFound)
+    ));
+    assert!(matches!(
+        f.vol.open(r"\docs\report.docx\inside", ANY).await,
+        Err(FsError::PathNotFound)
+    ));
+    assert!(matches!(
+        f.vol.open(r"\docs\nope.docx", ANY).await,
+        Err(FsError::NotFound)
+    ));
     // A directory asked for as a file, and the other way round.
     assert!(matches!(
         f.vol.open(r"\docs", FILE).await,
