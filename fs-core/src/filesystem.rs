@@ -250,8 +250,9 @@ impl<S: ObjectStore> Filesystem<S> {
             });
         }
         if let Some(w) = &self.write {
-            if w.item(&key).is_some() {
-                let item = w.open(&key, None, false).await?;
+            // Only a live item: one retiring between a check and `open` would otherwise be
+            // replaced by a new, empty one, and the reader would see an empty file.
+            if let Some(item) = w.open_existing(&key).await {
                 let fh = self.add_handle(
                     ino,
                     FileIo::Staged {

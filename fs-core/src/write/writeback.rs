@@ -336,20 +336,17 @@ impl<S: ObjectStore> WriteBack<S> {
         base: Option<&ObjectMeta>,
         truncate: bool,
     ) -> FsResult<ItemRef> {
-        let existing = self.by_key.lock().get(key).cloned();
-        if let Some(shared) = existing {
-            let mut it = shared.item.lock().await;
-            if !it.unlinked && !it.retired {
-                it.handles += 1;
-                shared.open.store(it.handles, Ordering::SeqCst);
-                if truncate && it.staging.size() > 0 {
+        if let Some(item) = self.open_existing(key).await {
+            if truncate {
+                // The handle just taken keeps the item from retiring.
+                let mut it = item.0.item.lock().await;
+                if it.staging.size() > 0 {
                     it.staging.truncate(0)?;
                     it.version += 1;
-                    self.recharge(&shared, 0);
+                    self.recharge(&item.0, 0);
                 }
-                drop(it);
-                return Ok(ItemRef(shared));
             }
+            return Ok(item);
         }
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (size, present) = match (base, truncate) {
@@ -392,6 +389,21 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// The item for `key`, if one is live.
+    /// Takes a handle on the live item of `key`, if there is one. An item that retired (its
+    /// upload finished and nobody held it) is not revived: the file is then what the bucket
+    /// has, and must be opened from there.
+    pub async fn open_existing(&self, key: &str) -> Option<ItemRef> {
+        let shared = self.by_key.lock().get(key).cloned()?;
+        let mut it = shared.item.lock().await;
+        if it.unlinked || it.retired {
+            return None;
+        }
+        it.handles += 1;
+        shared.open.store(it.handles, Ordering::SeqCst);
+        drop(it);
+        Some(ItemRef(shared))
+    }
+
     pub fn item(&self, key: &str) -> Option<ItemRef> {
         self.by_key.lock().get(key).cloned().map(ItemRef)
     }

@@ -618,3 +618,267 @@ async fn volume_reports_free_space_and_the_bucket_as_label() {
     assert_eq!(st.label, "bkt");
     assert!(st.free_size > 0 && st.total_size >= st.free_size);
 }
+
+mod model {
+    //! The Windows reference model: random programs' calls (create, overwrite, write at an
+    //! offset, rename with and without replace, delete on close, case-only renames) through the
+    //! volume, under names that differ only by case, and the same calls on a map keyed
+    //! case-insensitively that remembers each file's case. Every answer must agree, and once
+    //! uploads drain the bucket must hold exactly the model.
+
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Names that collide in every case combination: three files, spelled six ways.
+    const NAMES: [&str; 6] = ["a.txt", "A.TXT", "b.txt", "B.txt", "c", "C"];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Create {
+            name: usize,
+            len: u16,
+            byte: u8,
+        },
+        Overwrite {
+            name: usize,
+            len: u16,
+            byte: u8,
+        },
+        WriteAt {
+            name: usize,
+            offset: u16,
+            len: u16,
+            byte: u8,
+        },
+        Rename {
+            from: usize,
+            to: usize,
+            replace: bool,
+        },
+        Delete {
+            name: usize,
+        },
+        Read {
+            name: usize,
+        },
+        Settle,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let n = 0..NAMES.len();
+        prop_oneof![
+            3 => (n.clone(), 0u16..2000, any::<u8>()).prop_map(|(name, len, byte)| Op::Create { name, len, byte }),
+            2 => (n.clone(), 0u16..2000, any::<u8>()).prop_map(|(name, len, byte)| Op::Overwrite { name, len, byte }),
+            2 => (n.clone(), 0u16..3000, 1u16..1000, any::<u8>()).prop_map(|(name, offset, len, byte)| Op::WriteAt { name, offset, len, byte }),
+            3 => (n.clone(), n.clone(), any::<bool>()).prop_map(|(from, to, replace)| Op::Rename { from, to, replace }),
+            1 => n.clone().prop_map(|name| Op::Delete { name }),
+            2 => n.prop_map(|name| Op::Read { name }),
+            1 => Just(Op::Settle),
+        ]
+    }
+
+    /// Upper-cased name → (the name as kept, the bytes).
+    type Model = BTreeMap<String, (String, Vec<u8>)>;
+
+    fn key(name: &str) -> String {
+        name.to_uppercase()
+    }
+
+    fn path(name: &str) -> String {
+        format!(r"\{name}")
+    }
+
+    /// What an error is, for comparing with the model's expectation.
+    fn kind(r: &FsResult<()>) -> &'static str {
+        match r {
+            Ok(()) => "ok",
+            Err(FsError::NotFound) => "not found",
+            Err(FsError::Exists) => "exists",
+            Err(e) => panic!("unexpected error {e:?}"),
+        }
+    }
+
+    async fn apply(f: &Fixture, m: &mut Model, op: &Op) {
+        match op {
+            Op::Create { name, len, byte } => {
+                let name = NAMES[*name];
+                let data = vec![*byte; *len as usize];
+                let got = async {
+                    let (h, _) = f.vol.create(&path(name), FILE, 0).await?;
+                    f.vol.write(&h, 0, &data, false, false).await?;
+                    f.vol.cleanup(&h, false).await?;
+                    f.vol.close(h).await;
+                    Ok(())
+                }
+                .await;
+                let want = if m.contains_key(&key(name)) {
+                    "exists"
+                } else {
+                    m.insert(key(name), (name.to_string(), data));
+                    "ok"
+                };
+                assert_eq!(kind(&got), want, "{op:?}");
+            }
+            Op::Overwrite { name, len, byte } => {
+                let name = NAMES[*name];
+                let data = vec![*byte; *len as usize];
+                let got = async {
+                    let (h, _) = f.vol.open(&path(name), FILE).await?;
+                    let info = f.vol.overwrite(&h, 0).await?;
+                    assert_eq!(info.file_size, 0);
+                    f.vol.write(&h, 0, &data, false, false).await?;
+                    f.vol.cleanup(&h, false).await?;
+                    f.vol.close(h).await;
+                    Ok(())
+                }
+                .await;
+                let want = match m.get_mut(&key(name)) {
+                    Some(entry) => {
+                        entry.1 = data;
+                        "ok"
+                    }
+                    None => "not found",
+                };
+                assert_eq!(kind(&got), want, "{op:?}");
+            }
+            Op::WriteAt {
+                name,
+                offset,
+                len,
+                byte,
+            } => {
+                let name = NAMES[*name];
+                let data = vec![*byte; *len as usize];
+                let got = async {
+                    let (h, _) = f.vol.open(&path(name), FILE).await?;
+                    f.vol.write(&h, *offset as u64, &data, false, false).await?;
+                    f.vol.cleanup(&h, false).await?;
+                    f.vol.close(h).await;
+                    Ok(())
+                }
+                .await;
+                let want = match m.get_mut(&key(name)) {
+                    Some((_, bytes)) => {
+                        let end = *offset as usize + data.len();
+                        if bytes.len() < end {
+                            bytes.resize(end, 0);
+                        }
+                        bytes[*offset as usize..end].copy_from_slice(&data);
+                        "ok"
+                    }
+                    None => "not found",
+                };
+                assert_eq!(kind(&got), want, "{op:?}");
+            }
+            Op::Rename { from, to, replace } => {
+                let (from, to) = (NAMES[*from], NAMES[*to]);
+                let got = async {
+                    let (h, _) = f.vol.open(&path(from), FILE).await?;
+                    let r = f.vol.rename(&h, &path(to), *replace).await;
+                    f.vol.close(h).await;
+                    r
+                }
+                .await;
+                let want = match m.remove(&key(from)) {
+                    None => "not found",
+                    Some((kept, bytes)) if key(from) == key(to) => {
+                        // Only the case changes.
+                        let _ = kept;
+                        m.insert(key(to), (to.to_string(), bytes));
+                        "ok"
+                    }
+                    Some(src) => match m.get(&key(to)).cloned() {
+                        Some(_) if !replace => {
+                            m.insert(key(from), src);
+                            "exists"
+                        }
+                        // Replaced under the existing name's case.
+                        Some((existing, _)) => {
+                            m.insert(key(to), (existing, src.1));
+                            "ok"
+                        }
+                        None => {
+                            m.insert(key(to), (to.to_string(), src.1));
+                            "ok"
+                        }
+                    },
+                };
+                assert_eq!(kind(&got), want, "{op:?}");
+            }
+            Op::Delete { name } => {
+                let name = NAMES[*name];
+                let got = async {
+                    let (h, _) = f.vol.open(&path(name), FILE).await?;
+                    f.vol.set_delete(&h, true).await?;
+                    f.vol.cleanup(&h, true).await?;
+                    f.vol.close(h).await;
+                    Ok(())
+                }
+                .await;
+                let want = match m.remove(&key(name)) {
+                    Some(_) => "ok",
+                    None => "not found",
+                };
+                assert_eq!(kind(&got), want, "{op:?}");
+            }
+            Op::Read { name } => {
+                let name = NAMES[*name];
+                match m.get(&key(name)) {
+                    Some((_, bytes)) => assert_eq!(&f.read_all(&path(name)).await, bytes),
+                    None => assert!(matches!(
+                        f.vol.open(&path(name), ANY).await,
+                        Err(FsError::NotFound)
+                    )),
+                }
+            }
+            Op::Settle => {
+                f.settle().await;
+                check_bucket(f, m);
+            }
+        }
+    }
+
+    fn check_bucket(f: &Fixture, m: &Model) {
+        let want: BTreeMap<String, Vec<u8>> = m.values().cloned().collect();
+        let got: BTreeMap<String, Vec<u8>> = f
+            .store
+            .keys()
+            .into_iter()
+            .map(|k| {
+                let bytes = f.object(&k).unwrap_or_default();
+                (k, bytes)
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn the_volume_behaves_like_a_case_insensitive_map(ops in prop::collection::vec(op(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let f = fixture(1 << 20);
+                let mut m = Model::new();
+                for op in &ops {
+                    apply(&f, &mut m, op).await;
+                }
+                f.settle().await;
+                check_bucket(&f, &m);
+                // And the listing shows each file once, under the case it keeps.
+                let mut names = f.names(r"\").await;
+                names.sort();
+                let mut want: Vec<String> = m.values().map(|(n, _)| n.clone()).collect();
+                want.sort();
+                assert_eq!(names, want);
+            });
+        }
+    }
+}
