@@ -714,11 +714,12 @@ mod model {
                     Ok(())
                 }
                 .await;
-                let want = if m.contains_key(&key(name)) {
-                    "exists"
-                } else {
-                    m.insert(key(name), (name.to_string(), data));
-                    "ok"
+                let want = match m.entry(key(name)) {
+                    std::collections::btree_map::Entry::Occupied(_) => "exists",
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        e.insert((name.to_string(), data));
+                        "ok"
+                    }
                 };
                 assert_eq!(kind(&got), want, "{op:?}");
             }
