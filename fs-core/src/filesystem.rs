@@ -520,15 +520,20 @@ impl<S: ObjectStore> Filesystem<S> {
         self.getattr(ino).await
     }
 
+    /// `Exists` if anything (in the bucket or being written) has the name `path`.
+    async fn ensure_absent(&self, path: &str) -> FsResult<()> {
+        match self.entry_at(path).await {
+            Ok(_) => Err(FsError::Exists),
+            Err(FsError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates a directory: a marker object `dir/`.
     pub async fn mkdir(&self, parent: Ino, name: &str) -> FsResult<Attr> {
         self.writer()?;
         let path = self.child_path(parent, name)?;
-        match self.entry_at(&path).await {
-            Ok(_) => return Err(FsError::Exists),
-            Err(FsError::NotFound) => {}
-            Err(e) => return Err(e),
-        }
+        self.ensure_absent(&path).await?;
         let marker = format!("{}/", self.ns.key_of(&path));
         match self
             .ns
@@ -870,11 +875,7 @@ impl<S: ObjectStore> Filesystem<S> {
     pub async fn symlink(&self, parent: Ino, name: &str, target: &str) -> FsResult<Attr> {
         self.writer()?;
         let path = self.child_path(parent, name)?;
-        match self.entry_at(&path).await {
-            Ok(_) => return Err(FsError::Exists),
-            Err(FsError::NotFound) => {}
-            Err(e) => return Err(e),
-        }
+        self.ensure_absent(&path).await?;
         let now = SystemTime::now();
         let secs = now
             .duration_since(SystemTime::UNIX_EPOCH)
