@@ -17,7 +17,6 @@ use fs_core::cli::{lifecycle, progress};
 use fs_core::store::ObjectStore;
 use fs_core::write::writeback::Status;
 use fs_core::Filesystem;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// Where links to the control sockets of this user's mounts live.
 fn registry_dir() -> PathBuf {
@@ -72,17 +71,7 @@ pub fn serve<S: ObjectStore>(
         while let Ok((stream, _)) = listener.accept().await {
             let (fs, control) = (fs.clone(), control.clone());
             tokio::spawn(async move {
-                let (r, mut w) = stream.into_split();
-                let mut line = String::new();
-                if tokio::io::BufReader::new(r)
-                    .read_line(&mut line)
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                let reply = control.answer(&fs, &line).await;
-                let _ = w.write_all(reply.as_bytes()).await;
+                control.converse(&fs, stream).await;
             });
         }
     });

@@ -14,7 +14,6 @@ use fs_core::cli::{lifecycle, progress};
 use fs_core::store::ObjectStore;
 use fs_core::write::writeback::Status;
 use fs_core::Filesystem;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::windows::named_pipe::ServerOptions;
 
 /// The pipe of the mount at `mountpoint`.
@@ -57,20 +56,10 @@ pub fn serve<S: ObjectStore>(
             };
             let (fs, control, unmount) = (fs.clone(), control.clone(), unmount.clone());
             tokio::spawn(async move {
-                let (r, mut w) = tokio::io::split(stream);
-                let mut line = String::new();
-                if tokio::io::BufReader::new(r)
-                    .read_line(&mut line)
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                if line.trim() == "unmount" {
+                // The status reply goes out first; the unmount follows.
+                if control.converse(&fs, stream).await.as_deref() == Some("unmount") {
                     let _ = unmount.send(());
                 }
-                let reply = control.answer(&fs, &line).await;
-                let _ = w.write_all(reply.as_bytes()).await;
             });
         }
     });

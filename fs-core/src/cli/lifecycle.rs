@@ -82,6 +82,26 @@ impl Control {
         self.skip_drain.load(Ordering::SeqCst)
     }
 
+    /// Serves one connection of the control channel: reads the request line, acts on it and
+    /// writes the reply. Returns the request word, for requests the platform handles itself
+    /// (`unmount` on Windows); `None` if the client went away first.
+    pub async fn converse<S, C>(&self, fs: &Arc<Filesystem<S>>, channel: C) -> Option<String>
+    where
+        S: ObjectStore,
+        C: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let (r, mut w) = tokio::io::split(channel);
+        let mut line = String::new();
+        tokio::io::BufReader::new(r)
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        let reply = self.answer(fs, &line).await;
+        let _ = w.write_all(reply.as_bytes()).await;
+        Some(line.trim().to_string())
+    }
+
     /// Acts on one request and returns the reply line.
     pub async fn answer<S: ObjectStore>(&self, fs: &Arc<Filesystem<S>>, request: &str) -> String {
         match request.trim() {
