@@ -134,3 +134,32 @@ pub fn user_cache_base() -> std::path::PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from("/var/cache"))
 }
+
+thread_local! {
+    /// Set by the deterministic simulation: blocking calls run inline on the calling thread, so
+    /// one seed always gives one schedule.
+    static INLINE_BLOCKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes [`blocking`] run its work inline on this thread (`true`) or on tokio's blocking pool
+/// (`false`, the default). Only the deterministic simulation turns it on: it runs everything
+/// on one thread with a paused clock, and a pool thread would make the schedule depend on
+/// timing.
+pub fn set_inline_blocking(on: bool) {
+    INLINE_BLOCKING.with(|c| c.set(on));
+}
+
+/// Runs blocking file work (fsync, whole-file passes, copies) off the async workers, so a slow
+/// disk never stalls requests that do not touch it.
+pub async fn blocking<T, F>(f: F) -> io::Result<T>
+where
+    F: FnOnce() -> io::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    if INLINE_BLOCKING.with(|c| c.get()) {
+        return f();
+    }
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io::Error::other(format!("blocking task failed: {e}")))?
+}

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use super::StoreResult;
 
@@ -44,6 +44,25 @@ impl RetryPolicy {
     }
 }
 
+thread_local! {
+    /// A seeded jitter source for the deterministic simulation; `None`: the thread's RNG.
+    static JITTER: std::cell::RefCell<Option<rand::rngs::StdRng>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes retry jitter on this thread come from `seed` (`None`: truly random, the default), so a
+/// simulation seed replays the same sleeps.
+pub fn seed_jitter(seed: Option<u64>) {
+    JITTER.with(|j| *j.borrow_mut() = seed.map(rand::rngs::StdRng::seed_from_u64));
+}
+
+/// A sleep drawn uniformly from `0..=cap` (full jitter).
+fn jitter(cap: Duration) -> Duration {
+    JITTER.with(|j| match j.borrow_mut().as_mut() {
+        Some(rng) => rng.gen_range(Duration::ZERO..=cap),
+        None => rand::thread_rng().gen_range(Duration::ZERO..=cap),
+    })
+}
+
 /// Runs `op` until it succeeds, fails permanently, or the policy is exhausted.
 pub async fn with_retry<T, F, Fut>(
     policy: RetryPolicy,
@@ -62,7 +81,7 @@ where
             Ok(v) => return Ok(v),
             Err(e) if e.is_retryable() && attempt < policy.max_attempts => {
                 let cap = policy.backoff_cap(attempt);
-                let sleep = rand::thread_rng().gen_range(Duration::ZERO..=cap);
+                let sleep = jitter(cap);
                 if start.elapsed() + sleep > policy.max_elapsed {
                     tracing::warn!(op = what, key, attempt, error = %e, "giving up: retry time exhausted");
                     return Err(e);
