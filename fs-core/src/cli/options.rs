@@ -67,6 +67,10 @@ pub struct CommonArgs {
     /// Files uploading at once.
     #[arg(long, default_value_t = 32)]
     pub upload_files_concurrency: usize,
+    /// Longest wait between two upload attempts of a file whose uploads keep failing (the
+    /// wait starts at one second and doubles up to this).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub upload_retry_max: Duration,
     /// Most objects a directory rename moves; more is refused.
     #[arg(long, default_value_t = 10_000)]
     pub rename_dir_limit: usize,
@@ -125,6 +129,7 @@ impl CommonArgs {
         w.upload_on_close = self.upload_on_close;
         w.cache_size = self.cache_size;
         w.files_concurrency = self.upload_files_concurrency;
+        w.retry_max = self.upload_retry_max;
         w.upload.single_shot_threshold = self.single_shot_threshold;
         w.upload.part_size = self.upload_part_size;
         w.upload.concurrency = self.upload_concurrency;

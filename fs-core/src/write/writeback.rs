@@ -48,8 +48,9 @@ pub struct WriteConfig {
     pub upload: UploadConfig,
     /// Files uploading at once.
     pub files_concurrency: usize,
-    /// First retry delay after a failed upload; it doubles up to five minutes.
+    /// First retry delay after a failed upload; it doubles up to `retry_max`.
     pub retry_initial: Duration,
+    pub retry_max: Duration,
     /// Bound on staged bytes (`--cache-size`); None: only the disk bounds it.
     pub cache_size: Option<u64>,
 }
@@ -67,6 +68,7 @@ impl WriteConfig {
             upload: UploadConfig::default(),
             files_concurrency: 32,
             retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
             cache_size: None,
         }
     }
@@ -1055,7 +1057,7 @@ impl<S: ObjectStore> WriteBack<S> {
                         .cfg
                         .retry_initial
                         .saturating_mul(1 << it.failures.min(9))
-                        .min(Duration::from_secs(300));
+                        .min(self.cfg.retry_max);
                     tracing::warn!(key = %it.key, error = %e, retry_in = ?backoff, "upload failed; the file stays staged and will be retried");
                     it.due = Some(Instant::now() + backoff);
                     shared.progress.send_modify(|p| {
