@@ -291,6 +291,8 @@ impl<S: ObjectStore> Filesystem<S> {
 }
 
 mod attrs;
+#[cfg(test)]
+mod regressions;
 mod changes;
 mod handles;
 #[cfg(test)]
