@@ -291,10 +291,10 @@ impl<S: ObjectStore> Filesystem<S> {
 }
 
 mod attrs;
-#[cfg(test)]
-mod regressions;
 mod changes;
 mod handles;
+#[cfg(test)]
+mod regressions;
 #[cfg(test)]
 mod tests;
 

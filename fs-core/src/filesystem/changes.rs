@@ -148,13 +148,15 @@ impl<S: ObjectStore> Filesystem<S> {
         Ok(())
     }
 
-    /// What the bucket has at `path` now, past the caches (`None`: nothing).
+    /// The object at `path` as the bucket has it now, past every cache (`None`: none). Used
+    /// for files being written: an upload of theirs may have landed although its answer was
+    /// lost, which no cache knows.
     async fn fresh_entry(&self, path: &str) -> FsResult<Option<Entry>> {
         self.ns.forget_tree(path);
-        match self.ns.resolve(path).await {
-            Ok(e) => Ok(Some(e)),
-            Err(FsError::NotFound) => Ok(None),
-            Err(e) => Err(e),
+        match self.ns.store().head(&self.ns.key_of(path)).await {
+            Ok(m) => Ok(Some(Entry::File(Arc::new(m)))),
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -23,7 +23,11 @@ fn wcfg(cache: &std::path::Path, delay: Duration) -> WriteConfig {
     w
 }
 
-fn mount(store: &Arc<MemoryStore>, cache: &std::path::Path, delay: Duration) -> Filesystem<MemoryStore> {
+fn mount(
+    store: &Arc<MemoryStore>,
+    cache: &std::path::Path,
+    delay: Duration,
+) -> Filesystem<MemoryStore> {
     Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wcfg(cache, delay)).unwrap()
 }
 
@@ -85,7 +89,11 @@ async fn rewrite_during_a_failing_composite_upload_is_never_mixed() {
     fs.write(h.fh, 0, &new).await.unwrap();
     fs.flush(h.fh).await.unwrap();
     fs.release(h.fh).await;
-    assert_eq!(read_all(&fs, attr.ino).await, new, "readers see the new bytes");
+    assert_eq!(
+        read_all(&fs, attr.ino).await,
+        new,
+        "readers see the new bytes"
+    );
     store.fail_next(0);
     let drained = tokio::time::timeout(Duration::from_secs(30), fs.drain(false)).await;
     assert_eq!(drained, Ok(0), "the upload finishes once the link is back");
@@ -141,7 +149,11 @@ fn a_closed_version_survives_a_crash_in_the_middle_of_the_next_edit() {
             let fs = mount(&store, &cache, Duration::ZERO);
             assert_eq!(fs.start().await.unwrap(), 1, "{name}");
             let attr = fs.lookup(ROOT_INO, name).await.unwrap();
-            assert_eq!(read_all(&fs, attr.ino).await, closed, "{name}: the mount shows it");
+            assert_eq!(
+                read_all(&fs, attr.ino).await,
+                closed,
+                "{name}: the mount shows it"
+            );
             assert_eq!(fs.drain(false).await, 0);
         });
         assert_eq!(store.object_bytes(name).unwrap(), closed, "{name}");
@@ -180,7 +192,10 @@ async fn a_staged_file_is_edited_offline() {
     // what the retries could not have made: anything at all but upload writes.
     let used = store.counts.total() - before;
     let uploads = store.counts.write.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(used <= uploads, "edits of a staged file asked the bucket: {used} requests");
+    assert!(
+        used <= uploads,
+        "edits of a staged file asked the bucket: {used} requests"
+    );
     store.fail_next(0);
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(store.object_bytes("doc").unwrap(), new);

@@ -233,6 +233,12 @@ impl<S: ObjectStore> WriteBack<S> {
                             tracing::warn!(error = %je, "could not journal upload progress");
                         }
                     }
+                } else if let Some(newer) = it.pending.as_mut().filter(|p| p.id == v.id) {
+                    // Appended to meanwhile: the newer version starts with the same bytes, so
+                    // the parts may serve it (each is checked before it is reused).
+                    if let Some(state) = progress {
+                        newer.progress = state;
+                    }
                 } else if let Some(UploadState::Uploading { parts, .. }) = progress {
                     // The version was superseded or deleted meanwhile: its parts are garbage.
                     self.discard_parts(parts.into_iter().map(|p| p.key).collect());

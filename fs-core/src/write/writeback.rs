@@ -316,7 +316,11 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Charges the item for `work_size` bytes of working copy (plus a version kept apart).
     async fn reserve(&self, shared: &Shared, it: &Item, work_size: u64) -> FsResult<()> {
-        let size = it.staged_bytes(work_size);
+        self.reserve_bytes(shared, it.staged_bytes(work_size)).await
+    }
+
+    /// Charges the item for `size` staged bytes in all, waiting for space if need be.
+    async fn reserve_bytes(&self, shared: &Shared, size: u64) -> FsResult<()> {
         let open_bytes = || {
             self.by_key
                 .lock()
@@ -367,13 +371,22 @@ impl<S: ObjectStore> WriteBack<S> {
     pub async fn write(&self, item: &ItemRef, offset: u64, data: &[u8]) -> FsResult<()> {
         let mut it = item.0.item.lock().await;
         let end = it.work.size().max(offset + data.len() as u64);
-        self.reserve(&item.0, &it, end).await?;
-        if let Some(p) = it.pending.as_ref().filter(|p| p.id == it.work_id) {
-            let overlap = offset < p.size;
-            if overlap && !it.work.holds(offset, data)? {
-                let size = it.work.size();
-                self.copy_on_write(&mut it, size).await?;
-            }
+        // Would this change bytes of the pending version, kept in the same file? Then the
+        // version stays as it is and the write goes to a copy (charged for up front).
+        let copy = match it.pending.as_ref() {
+            Some(p) if p.id == it.work_id && offset < p.size => !it.work.holds(offset, data)?,
+            _ => false,
+        };
+        let kept_apart = if copy {
+            it.pending.as_ref().map_or(0, |p| p.size)
+        } else {
+            0
+        };
+        self.reserve_bytes(&item.0, it.staged_bytes(end) + kept_apart)
+            .await?;
+        if copy {
+            let size = it.work.size();
+            self.copy_on_write(&mut it, size).await?;
         }
         it.work.write_at(offset, data)?;
         it.edits += 1;
@@ -388,10 +401,15 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     async fn truncate_locked(&self, shared: &Shared, it: &mut Item, len: u64) -> FsResult<()> {
-        self.reserve(shared, it, len).await?;
-        match it.pending.as_ref() {
-            Some(p) if p.id == it.work_id && len < p.size => self.copy_on_write(it, len).await?,
-            _ => it.work.truncate(len)?,
+        match it.pending.as_ref().map(|p| (p.id, p.size)) {
+            Some((id, size)) if id == it.work_id && len < size => {
+                self.reserve_bytes(shared, len + size).await?;
+                self.copy_on_write(it, len).await?;
+            }
+            _ => {
+                self.reserve(shared, it, len).await?;
+                it.work.truncate(len)?;
+            }
         }
         it.edits += 1;
         it.mtime = SystemTime::now();
