@@ -138,7 +138,6 @@ fn a_closed_version_survives_a_crash_in_the_middle_of_the_next_edit() {
                 let at = if truncate { 0 } else { closed.len() as u64 };
                 fs.write(h.fh, at, &bytes(30_000, 9)).await.unwrap();
                 // No flush, no release: the daemon is killed here.
-                drop(h);
                 drop(fs);
             });
             rt.shutdown_timeout(Duration::from_secs(5));
