@@ -230,3 +230,46 @@ async fn a_failed_unlink_keeps_the_staged_file() {
     assert_eq!(fs.drain(false).await, 0);
     assert!(store.object_bytes("keep").is_none());
 }
+
+/// Answers lost after the bucket acted (the retried request then fails its precondition) never
+/// make a conflict copy, never leave a part behind, and never lose the last version.
+#[tokio::test(start_paused = true)]
+async fn lost_answers_make_no_conflict_copies() {
+    use crate::store::memory::FaultConfig;
+    for seed in 0..12u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let fs = mount(&store, &dir.path().join("c"), Duration::ZERO);
+        let mut want = std::collections::BTreeMap::new();
+        for round in 0..3u8 {
+            for (i, size) in [100usize, 70_000, 150_000].into_iter().enumerate() {
+                let name = format!("f{i}");
+                let data = bytes(size + round as usize, 3 + round * 2 + i as u8);
+                let (_, h) = fs.create(ROOT_INO, &name).await.unwrap();
+                fs.write(h.fh, 0, &data).await.unwrap();
+                fs.flush(h.fh).await.unwrap();
+                fs.release(h.fh).await;
+                want.insert(name, data);
+            }
+            store.set_faults(Some(FaultConfig {
+                seed: seed * 10 + round as u64,
+                fail_before: 0.1,
+                fail_after: 0.3,
+                max_delay: Duration::from_millis(3),
+            }));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        store.set_faults(None);
+        assert_eq!(fs.drain(false).await, 0, "seed {seed}");
+        let keys = store.keys();
+        assert!(temp_parts(&store).is_empty(), "seed {seed}: {keys:?}");
+        assert_eq!(keys.len(), want.len(), "seed {seed}: {keys:?}");
+        for (name, data) in &want {
+            assert_eq!(
+                &store.object_bytes(name).unwrap()[..],
+                &data[..],
+                "seed {seed} {name}"
+            );
+        }
+    }
+}

@@ -7,7 +7,7 @@
 //!   and uploads exactly what was last acknowledged. A file that is short or fails its check
 //!   is set aside as `<id>.damaged`, never uploaded and never deleted.
 //! - Staging files no record names (work never acknowledged) are removed.
-//! - Temporary parts in the bucket are named `<parts prefix><tag>/<id>-…`, the tag being the
+//! - Temporary parts in the bucket are named `<parts prefix><tag>/<id>/…`, the tag being the
 //!   cache directory's. Our own parts that no live version needs are removed. Another mount's
 //!   parts are removed only once they are older than [`FOREIGN_PARTS_AGE`]: that mount may be
 //!   uploading them right now.
@@ -226,8 +226,8 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 }
 
-/// The version id a part name starts with (`<id:016x>-…`).
+/// The version id a part name starts with (`<id:016x>/…`).
 fn parse_id(rest: &str) -> Option<u64> {
-    let (id, _) = rest.split_once('-')?;
+    let (id, _) = rest.split_once('/')?;
     u64::from_str_radix(id, 16).ok()
 }

@@ -99,13 +99,7 @@ impl<S: ObjectStore> WriteBack<S> {
             _ => Precondition::DoesNotExist,
         };
         let job = UploadJob {
-            parts_prefix: format!(
-                "{}{}/{:016x}-{:08x}/",
-                self.cfg.upload.temp_prefix,
-                self.dir.tag(),
-                v.id,
-                crc32c::crc32c(it.key.as_bytes())
-            ),
+            parts_prefix: self.parts_prefix(v.id),
             key: it.key.clone(),
             precondition,
             opts,
@@ -199,6 +193,10 @@ impl<S: ObjectStore> WriteBack<S> {
                 if superseded(&it) {
                     let _ = std::fs::remove_file(self.dir.staging_path(v.id));
                 }
+                if v.size >= self.cfg.upload.single_shot_threshold {
+                    // Parts whose answer was lost are listed nowhere: sweep the version's prefix.
+                    self.sweep_parts(v.id);
+                }
                 self.counters.record_upload(v.size);
                 (self.on_settled)(&it.key, (!conflict).then_some(&meta));
                 shared.progress.send_modify(|p| {
@@ -239,9 +237,9 @@ impl<S: ObjectStore> WriteBack<S> {
                     if let Some(state) = progress {
                         newer.progress = state;
                     }
-                } else if let Some(UploadState::Uploading { parts, .. }) = progress {
+                } else {
                     // The version was superseded or deleted meanwhile: its parts are garbage.
-                    self.discard_parts(parts.into_iter().map(|p| p.key).collect());
+                    self.sweep_parts(v.id);
                 }
                 if superseded(&it) {
                     let _ = std::fs::remove_file(self.dir.staging_path(v.id));

@@ -66,6 +66,9 @@ impl WriteConfig {
     }
 }
 
+/// Listing rounds a sweep of temporary parts makes before it leaves them to the next mount.
+const SWEEP_ROUNDS: u32 = 12;
+
 /// Bytes fetched from the bucket per step when completing a file (the file's lock is released
 /// between steps).
 const FETCH_STEP: u64 = 8 << 20;
@@ -532,30 +535,61 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// Drops a version that will never be uploaded: its staging file (callers make sure it is
-    /// not the working copy's) and the temporary parts its progress lists.
+    /// not the working copy's) and its temporary parts.
     pub(super) fn discard(&self, v: &Version) {
-        let keys: Vec<String> = match &v.progress {
-            UploadState::Uploading { parts, .. } => parts.iter().map(|p| p.key.clone()).collect(),
-            _ => Vec::new(),
-        };
-        self.discard_parts(keys);
+        if v.size >= self.cfg.upload.single_shot_threshold {
+            self.sweep_parts(v.id);
+        }
         let _ = std::fs::remove_file(self.dir.staging_path(v.id));
     }
 
-    /// Deletes temporary parts in the background; a drain waits for it.
-    pub(super) fn discard_parts(&self, keys: Vec<String>) {
-        if keys.is_empty() {
-            return;
-        }
+    /// Where version `id`'s temporary parts go: under this cache directory's tag, so no other
+    /// mount mistakes them for its own leftovers, and under the version, so one listing finds
+    /// them all (parts whose answer was lost included).
+    pub(super) fn parts_prefix(&self, id: u64) -> String {
+        format!(
+            "{}{}/{id:016x}/",
+            self.cfg.upload.temp_prefix,
+            self.dir.tag()
+        )
+    }
+
+    /// Deletes every temporary object of version `id`, in the background, listing its prefix
+    /// again until it is empty (a delete can fail too). A drain waits for it; what still fails
+    /// after a few rounds is removed at the next mount.
+    pub(super) fn sweep_parts(&self, id: u64) {
         self.cleanups.fetch_add(1, Ordering::SeqCst);
         let (store, cleanups, settled) = (
             self.store.clone(),
             self.cleanups.clone(),
             self.settled.clone(),
         );
+        let prefix = self.parts_prefix(id);
         let concurrency = self.cfg.upload.concurrency;
         tokio::spawn(async move {
-            super::upload::delete_all(store.as_ref(), keys, concurrency).await;
+            let mut wait = Duration::from_millis(100);
+            for round in 0..SWEEP_ROUNDS {
+                let req = crate::store::ListRequest {
+                    prefix: prefix.clone(),
+                    delimiter: None,
+                    page_token: None,
+                    max_results: Some(1000),
+                };
+                match store.list(&req).await {
+                    Ok(page) if page.objects.is_empty() => break,
+                    Ok(page) => {
+                        let keys = page.objects.into_iter().map(|o| o.key).collect();
+                        super::upload::delete_all(store.as_ref(), keys, concurrency).await;
+                        continue;
+                    }
+                    Err(e) if round + 1 == SWEEP_ROUNDS => {
+                        tracing::warn!(prefix, error = %e, "could not clean up temporary parts; they will be removed at the next mount");
+                    }
+                    Err(_) => {}
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
             cleanups.fetch_sub(1, Ordering::SeqCst);
             settled.notify_waiters();
         });
@@ -714,11 +748,9 @@ impl<S: ObjectStore> WriteBack<S> {
             if p.id != it.work_id {
                 let _ = std::fs::remove_file(self.dir.staging_path(p.id));
             }
-            let keys = match p.progress {
-                UploadState::Uploading { parts, .. } => parts.into_iter().map(|p| p.key).collect(),
-                _ => Vec::new(),
-            };
-            self.discard_parts(keys);
+            if p.size >= self.cfg.upload.single_shot_threshold {
+                self.sweep_parts(p.id);
+            }
         }
         self.retire_if_settled(&shared, &mut it);
         Ok(true)
@@ -748,6 +780,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 changes.push(Change::Del(p.id));
                 if p.id != o.work_id {
                     let _ = std::fs::remove_file(self.dir.staging_path(p.id));
+                }
+                if p.size >= self.cfg.upload.single_shot_threshold {
+                    self.sweep_parts(p.id);
                 }
             }
             self.retire_if_settled(old, &mut o);
