@@ -377,7 +377,10 @@ impl<S: ObjectStore> WriteBack<S> {
         // Would this change bytes of the pending version, kept in the same file? Then the
         // version stays as it is and the write goes to a copy (charged for up front).
         let copy = match it.pending.as_ref() {
-            Some(p) if p.id == it.work_id && offset < p.size => !it.work.holds(offset, data)?,
+            Some(p) if p.id == it.work_id && offset < p.size => {
+                let overlap = ((p.size - offset) as usize).min(data.len());
+                !it.work.holds(offset, &data[..overlap])?
+            }
             _ => false,
         };
         let kept_apart = if copy {
