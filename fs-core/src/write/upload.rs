@@ -36,6 +36,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
+use tracing::Instrument;
 
 use super::journal::{PartRecord, UploadState};
 use crate::store::{
@@ -168,7 +169,20 @@ pub async fn upload<S: ObjectStore + ?Sized>(
         ..job.opts.clone()
     };
     let span = tracing::info_span!("upload", key = %job.key, size = src.size());
-    let _enter = span.enter();
+    upload_in_span(store, src, job, cfg, &opts, resume, on_progress)
+        .instrument(span)
+        .await
+}
+
+async fn upload_in_span<S: ObjectStore + ?Sized>(
+    store: &S,
+    src: &UploadSource,
+    job: &UploadJob,
+    cfg: &UploadConfig,
+    opts: &WriteOptions,
+    resume: &UploadState,
+    on_progress: &(dyn Fn(UploadState) + Sync),
+) -> StoreResult<Outcome> {
     if src.size() < cfg.single_shot_threshold {
         let data = src.read(0..src.size()).await?;
         if crc32c::crc32c(&data) != job.crc32c {
@@ -176,14 +190,13 @@ pub async fn upload<S: ObjectStore + ?Sized>(
         }
         return finalize(store, job, src.size(), |key, pre| {
             let data = data.clone();
-            let opts = &opts;
             async move { store.put(&key, data, pre, opts).await }
         })
         .await;
     }
     match cfg.mode {
         UploadMode::Composite => {
-            upload_composite(store, src, job, cfg, &opts, resume, on_progress).await
+            upload_composite(store, src, job, cfg, opts, resume, on_progress).await
         }
         UploadMode::Resumable => {
             if crc_of(src, 0..src.size()).await? != job.crc32c {
@@ -199,7 +212,6 @@ pub async fn upload<S: ObjectStore + ?Sized>(
             finalize(store, job, src.size(), |key, pre| {
                 // A saved session belongs to the object's own name and precondition.
                 let session = session.clone().filter(|_| key == job.key);
-                let opts = &opts;
                 async move {
                     upload_resumable(store, src, &key, pre, cfg, opts, session, on_progress).await
                 }
