@@ -55,16 +55,7 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         let (item, temporary) = match held {
             Some(item) => (item, false),
-            None => {
-                let base = match self.ns.resolve(&path).await {
-                    Ok(Entry::File(m)) => Some(m),
-                    Ok(Entry::Dir) => return Err(FsError::IsDir),
-                    // Staged but not yet in the bucket (`getattr` above found it).
-                    Err(FsError::NotFound) => None,
-                    Err(e) => return Err(e),
-                };
-                (w.open(&key, base.as_deref(), size == Some(0)).await?, true)
-            }
+            None => (self.open_item(&path, &key, size == Some(0)).await?, true),
         };
         let result = async {
             if let Some(len) = size {

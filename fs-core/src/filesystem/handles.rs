@@ -15,7 +15,7 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::read::Reader;
 use crate::store::{ObjectStore, Posix};
-use crate::write::writeback::LocalAttr;
+use crate::write::writeback::{ItemRef, LocalAttr};
 
 impl<S: ObjectStore> Filesystem<S> {
     fn add_handle(&self, ino: Ino, io: FileIo<S>) -> u64 {
@@ -41,53 +41,16 @@ impl<S: ObjectStore> Filesystem<S> {
             return Err(FsError::IsDir);
         }
         let key = self.ns.key_of(&path);
-        let writing = mode.write || mode.truncate;
-        if writing {
-            self.writer()?;
+        if mode.write || mode.truncate {
+            let item = self.open_item(&path, &key, mode.truncate).await?;
+            return Ok(self.staged_handle(ino, item, mode.write));
         }
         if let Some(w) = &self.write {
             // Only a live item: one retiring meanwhile would otherwise be replaced by a new,
             // empty one, and the reader would see an empty file.
             if let Some(item) = w.open_existing(&key).await {
-                if mode.truncate && w.size(&item) > 0 {
-                    if let Err(e) = w.truncate(&item, 0).await {
-                        w.release(&item).await;
-                        return Err(e);
-                    }
-                }
-                let fh = self.add_handle(
-                    ino,
-                    FileIo::Staged {
-                        item,
-                        writable: mode.write,
-                    },
-                );
-                return Ok(Opened {
-                    fh,
-                    keep_cache: false,
-                });
+                return Ok(self.staged_handle(ino, item, false));
             }
-        }
-        if writing {
-            let w = self.writer()?;
-            let base = match self.ns.resolve(&path).await {
-                Ok(Entry::File(m)) => Some(m),
-                Ok(Entry::Dir) => return Err(FsError::IsDir),
-                Err(FsError::NotFound) => None,
-                Err(e) => return Err(e),
-            };
-            let item = w.open(&key, base.as_deref(), mode.truncate).await?;
-            let fh = self.add_handle(
-                ino,
-                FileIo::Staged {
-                    item,
-                    writable: mode.write,
-                },
-            );
-            return Ok(Opened {
-                fh,
-                keep_cache: false,
-            });
         }
         let (meta, keep_cache) = self.ns.open_file(ino).await?;
         let reader = Reader::new(
@@ -100,32 +63,48 @@ impl<S: ObjectStore> Filesystem<S> {
         Ok(Opened { fh, keep_cache })
     }
 
-    /// Creates and opens a new, empty file (or empties the file of that name). A file being
-    /// written is emptied without a bucket request. Any other answer than "no such object"
-    /// from the bucket is an error: a transient failure must not turn an existing object into
-    /// a "new file" whose upload would then fail its precondition.
-    pub async fn create(&self, parent: Ino, name: &str) -> FsResult<(Attr, Opened)> {
+    /// Takes a write handle on the file at `path`: its live item (no bucket request), or a new
+    /// one starting from the object the bucket has. Only "no such object" means a new file: a
+    /// transient failure must not turn an existing object into a "new file" whose upload would
+    /// then fail its precondition.
+    pub(super) async fn open_item(
+        &self,
+        path: &str,
+        key: &str,
+        truncate: bool,
+    ) -> FsResult<ItemRef> {
         let w = self.writer()?;
-        let path = self.child_path(parent, name)?;
-        let key = self.ns.key_of(&path);
-        let item = match w.open_existing(&key).await {
-            Some(item) => {
+        if let Some(item) = w.open_existing(key).await {
+            if truncate && w.size(&item) > 0 {
                 if let Err(e) = w.truncate(&item, 0).await {
                     w.release(&item).await;
                     return Err(e);
                 }
-                item
             }
-            None => {
-                let base = match self.ns.resolve(&path).await {
-                    Ok(Entry::File(m)) => Some(m),
-                    Ok(Entry::Dir) => return Err(FsError::IsDir),
-                    Err(FsError::NotFound) => None,
-                    Err(e) => return Err(e),
-                };
-                w.open(&key, base.as_deref(), true).await?
-            }
+            return Ok(item);
+        }
+        let base = match self.ns.resolve(path).await {
+            Ok(Entry::File(m)) => Some(m),
+            Ok(Entry::Dir) => return Err(FsError::IsDir),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
         };
+        w.open(key, base.as_deref(), truncate).await
+    }
+
+    fn staged_handle(&self, ino: Ino, item: ItemRef, writable: bool) -> Opened {
+        Opened {
+            fh: self.add_handle(ino, FileIo::Staged { item, writable }),
+            keep_cache: false,
+        }
+    }
+
+    /// Creates and opens a new, empty file (or empties the file of that name).
+    pub async fn create(&self, parent: Ino, name: &str) -> FsResult<(Attr, Opened)> {
+        self.writer()?;
+        let path = self.child_path(parent, name)?;
+        let key = self.ns.key_of(&path);
+        let item = self.open_item(&path, &key, true).await?;
         self.ns.forget_tree(&path);
         let la = LocalAttr {
             size: 0,
@@ -133,20 +112,8 @@ impl<S: ObjectStore> Filesystem<S> {
             posix: Posix::default(),
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
-        let fh = self.add_handle(
-            attr.ino,
-            FileIo::Staged {
-                item,
-                writable: true,
-            },
-        );
-        Ok((
-            attr,
-            Opened {
-                fh,
-                keep_cache: false,
-            },
-        ))
+        let opened = self.staged_handle(attr.ino, item, true);
+        Ok((attr, opened))
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {

@@ -31,33 +31,12 @@ fn mount(
     Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wcfg(cache, delay)).unwrap()
 }
 
-const W: OpenMode = OpenMode {
-    write: true,
-    truncate: false,
-};
-const WT: OpenMode = OpenMode {
-    write: true,
-    truncate: true,
-};
+use super::tests::{read_all, W, WT};
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(seed).wrapping_add(seed >> 1))
         .collect()
-}
-
-async fn read_all(fs: &Filesystem<MemoryStore>, ino: Ino) -> Vec<u8> {
-    let h = fs.open(ino, OpenMode::default()).await.unwrap();
-    let mut out = Vec::new();
-    loop {
-        let b = fs.read(h.fh, out.len() as u64, 100_000).await.unwrap();
-        if b.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&b);
-    }
-    fs.release(h.fh).await;
-    out
 }
 
 fn temp_parts(store: &MemoryStore) -> Vec<String> {

@@ -25,11 +25,11 @@ fn writable(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Filesystem<Memor
     Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wcfg(dir, 0)).unwrap()
 }
 
-const W: OpenMode = OpenMode {
+pub(super) const W: OpenMode = OpenMode {
     write: true,
     truncate: false,
 };
-const WT: OpenMode = OpenMode {
+pub(super) const WT: OpenMode = OpenMode {
     write: true,
     truncate: true,
 };
@@ -42,7 +42,7 @@ async fn write_file(fs: &Filesystem<MemoryStore>, parent: Ino, name: &str, data:
     attr.ino
 }
 
-async fn read_all(fs: &Filesystem<MemoryStore>, ino: Ino) -> Vec<u8> {
+pub(super) async fn read_all(fs: &Filesystem<MemoryStore>, ino: Ino) -> Vec<u8> {
     let h = fs.open(ino, OpenMode::default()).await.unwrap();
     let mut out = Vec::new();
     loop {
