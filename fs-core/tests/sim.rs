@@ -1,0 +1,1752 @@
+//! Deterministic simulation of the filesystem core over a faulty bucket.
+//!
+//! One seed drives everything: the operations, the bucket's faults and delays (MemoryStore's
+//! `FaultConfig`, decided per request from a hash), the crash points and the retry jitter. Each
+//! mount "incarnation" runs in its own single-threaded tokio runtime with a paused clock, on the
+//! test thread, so a seed replays the same schedule. A crash drops the runtime (every task, uploads
+//! in flight included, stops wherever it was) and the `Filesystem`; the next incarnation mounts
+//! the same cache directory over the same bucket and calls `start()`.
+//!
+//! The write path must keep these invariants, checked against a reference model
+//! (`sim/model.rs`) after every step, by reading the bucket directly and through the filesystem:
+//!
+//! - I1 nothing acknowledged (by close, fsync or truncate) is lost, across crashes;
+//! - I2 the bucket never holds bytes that no state of the file had;
+//! - I3 no upload lands under a name that was deleted or renamed away;
+//! - I4 no conflict copy (nobody else writes to the bucket here);
+//! - I5 a staged file works offline;
+//! - I6 once faults stop, `drain(false)` finishes; failing uploads back off;
+//! - I7 no temporary parts are left, and two mounts never delete each other's parts.
+//!
+//! Besides, a namespace operation that fails must leave the filesystem as it was before it or
+//! as it would be after it ("ATOMIC"), and reading through the filesystem must show what the
+//! user wrote ("VIEW").
+//!
+//! Environment: `SIM_SEED=N` runs seed N alone (and prints its whole log); `SIM_SEEDS=K` runs
+//! seeds 0..K (default 40); `SIM_OPS=N` operations per seed (default 60); `SIM_VERBOSE=1` prints
+//! the log of every failing seed, not only the first; `SIM_LOG=warn|info|debug` interleaves the
+//! core's own log lines (upload failures, conflicts, replay) with the op log; `SIM_WATCH=KEY`
+//! shows what the bucket holds under KEY at every line of the op log.
+
+#[path = "sim/corelog.rs"]
+mod corelog;
+#[path = "sim/fsview.rs"]
+mod fsview;
+#[path = "sim/model.rs"]
+mod model;
+#[path = "sim/scenarios.rs"]
+mod scenarios;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corelog::CoreLog;
+use fs_core::filesystem::{Filesystem, OpenMode, TEMP_DIR};
+use fs_core::store::memory::{FaultConfig, MemoryStore};
+use fs_core::write::upload::{UploadConfig, UploadMode};
+use fs_core::write::writeback::WriteConfig;
+use fs_core::{FsError, FsResult, Ino, Kind, MountConfig, ROOT_INO};
+use fsview::{observe, outcome, show, show_opt, show_status, Obs};
+use model::{digest, FileId, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use tokio::runtime::Runtime;
+
+type Fs = Filesystem<MemoryStore>;
+
+const ROOT_FILES: [&str; 3] = ["a", "b", "c.txt"];
+const DIRS: [&str; 3] = ["d1", "d2", "d3"];
+const DIR_FILES: [&str; 2] = ["a", "b"];
+/// Longest any one step may take, in simulated time, before it counts as hung.
+const STEP_LIMIT: Duration = Duration::from_secs(600);
+/// Longest the final drain may take once faults stop, in simulated time.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+/// With a healthy bucket, a drain that uploads nothing for this long (simulated) is stuck.
+const DRAIN_STALL: Duration = Duration::from_secs(10);
+const MAX_HANDLES: usize = 4;
+
+const W: OpenMode = OpenMode {
+    write: true,
+    truncate: false,
+};
+const WT: OpenMode = OpenMode {
+    write: true,
+    truncate: true,
+};
+
+fn all_paths() -> Vec<String> {
+    let mut v: Vec<String> = ROOT_FILES.iter().map(|s| s.to_string()).collect();
+    for d in DIRS {
+        for f in DIR_FILES {
+            v.push(format!("{d}/{f}"));
+        }
+    }
+    v
+}
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `drain(false)` bounded in simulated time: the number of files left, or the status when it
+/// did not finish within [`DRAIN_LIMIT`] or made no progress for [`DRAIN_STALL`].
+async fn drain_bounded(fs: &Fs) -> Result<usize, String> {
+    let start = tokio::time::Instant::now();
+    let mut last_change = start;
+    let mut last = None;
+    loop {
+        if let Ok(n) = tokio::time::timeout(Duration::from_secs(1), fs.drain(false)).await {
+            return Ok(n);
+        }
+        let s = fs.write_status().await;
+        let progress = (s.pending_files, s.pending_bytes, s.uploaded_files);
+        if last != Some(progress) {
+            last = Some(progress);
+            last_change = tokio::time::Instant::now();
+        }
+        if last_change.elapsed() >= DRAIN_STALL || start.elapsed() >= DRAIN_LIMIT {
+            return Err(format!(
+                "no upload finished for {:?} after {:?} of draining (simulated): {}",
+                last_change.elapsed(),
+                start.elapsed(),
+                show_status(&s)
+            ));
+        }
+    }
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
+fn mix(seed: u64, n: u64) -> u64 {
+    let mut z = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn mount_config() -> MountConfig {
+    let mut cfg = MountConfig::new("bkt");
+    // The caches' TTLs run on the wall clock; an hour makes them independent of how fast the
+    // machine runs the simulation.
+    cfg.stat_ttl = Duration::from_secs(3600);
+    cfg.negative_ttl = Duration::from_secs(3600);
+    cfg
+}
+
+fn write_config(cache_dir: PathBuf, p: &Params) -> WriteConfig {
+    let mut w = WriteConfig::new(cache_dir);
+    w.write_back_delay = p.delay;
+    w.retry_initial = Duration::from_millis(10);
+    w.retry_max = Duration::from_millis(200);
+    w.files_concurrency = p.files_concurrency;
+    w.upload = UploadConfig {
+        single_shot_threshold: 64 * 1024,
+        part_size: 16 * 1024,
+        concurrency: p.part_concurrency,
+        mode: p.mode,
+        ..UploadConfig::default()
+    };
+    w
+}
+
+/// An invariant violation found by the simulation.
+#[derive(Debug, Clone)]
+struct Violation {
+    /// Which invariant: "I1".."I7", "ATOMIC", "VIEW", "PANIC".
+    inv: &'static str,
+    /// What kind of failure, short and free of names that vary, so failures group.
+    class: String,
+    detail: String,
+}
+
+fn violation(inv: &'static str, class: &str, detail: impl Into<String>) -> Violation {
+    Violation {
+        inv,
+        class: class.to_string(),
+        detail: detail.into(),
+    }
+}
+
+type Check<T = ()> = Result<T, Violation>;
+
+fn describe(inv: &str) -> &'static str {
+    match inv {
+        "I1" => "I1 nothing acknowledged is lost",
+        "I2" => "I2 never mixed",
+        "I3" => "I3 removed names stay removed",
+        "I4" => "I4 conflicts are real",
+        "I5" => "I5 works offline",
+        "I6" => "I6 always progresses",
+        "I7" => "I7 clean",
+        "ATOMIC" => "a failed operation left neither the before nor the after state",
+        "VIEW" => "the filesystem shows something the user never wrote",
+        _ => "the core panicked",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One seed.
+
+#[derive(Debug, Clone)]
+struct Params {
+    delay: Duration,
+    mode: UploadMode,
+    part_concurrency: usize,
+    files_concurrency: usize,
+    faults: FaultConfig,
+    offline_episodes: bool,
+}
+
+impl Params {
+    fn new(seed: u64, rng: &mut StdRng) -> Self {
+        let delay = [0u64, 5, 1000][rng.gen_range(0..3)];
+        let mode = if rng.gen_bool(0.2) {
+            UploadMode::Resumable
+        } else {
+            UploadMode::Composite
+        };
+        let failing = rng.gen_bool(0.8);
+        let faults = FaultConfig {
+            seed: mix(seed, 0xfa),
+            fail_before: if failing {
+                rng.gen_range(0.05..0.2)
+            } else {
+                0.0
+            },
+            fail_after: if failing {
+                rng.gen_range(0.05..0.2)
+            } else {
+                0.0
+            },
+            max_delay: Duration::from_micros(rng.gen_range(0..=20_000)),
+        };
+        Params {
+            delay: Duration::from_millis(delay),
+            mode,
+            part_concurrency: rng.gen_range(1..=4),
+            files_concurrency: [1, 2, 32][rng.gen_range(0..3)],
+            faults,
+            offline_episodes: rng.gen_bool(0.25),
+        }
+    }
+}
+
+impl std::fmt::Display for Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "write_back_delay={:?} mode={:?} part_concurrency={} files_concurrency={} \
+             fail_before={:.3} fail_after={:.3} max_delay={:?} offline_episodes={}",
+            self.delay,
+            self.mode,
+            self.part_concurrency,
+            self.files_concurrency,
+            self.faults.fail_before,
+            self.faults.fail_after,
+            self.faults.max_delay,
+            self.offline_episodes
+        )
+    }
+}
+
+/// A handle the simulated user holds open for writing.
+#[derive(Debug, Clone, Copy)]
+struct Handle {
+    fh: u64,
+    file: FileId,
+}
+
+struct Sim {
+    seed: u64,
+    rng: StdRng,
+    params: Params,
+    store: Arc<MemoryStore>,
+    _tmp: tempfile::TempDir,
+    cache_dir: PathBuf,
+    rt: Option<Runtime>,
+    fs: Option<Fs>,
+    model: Model,
+    handles: Vec<Handle>,
+    faults_on: bool,
+    offline: bool,
+    incarnation: u32,
+    t0: tokio::time::Instant,
+    step: usize,
+    log: Vec<String>,
+    core_log: Option<(CoreLog, tracing::subscriber::DefaultGuard)>,
+    /// SIM_WATCH: a key whose object in the bucket is shown before each op log line.
+    watch: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Create,
+    OpenWrite,
+    Rewrite,
+    Append,
+    HandleWrite,
+    HandleClose,
+    HandleFsync,
+    HandleTruncate,
+    Truncate,
+    Rename,
+    Unlink,
+    Mkdir,
+    Rmdir,
+    RenameDir,
+    Read,
+    ReadGone,
+    Crash,
+    ToggleFaults,
+    ToggleOffline,
+    Sleep,
+}
+
+impl Sim {
+    fn new(seed: u64) -> Check<Self> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let params = Params::new(seed, &mut rng);
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        let cache_dir = tmp.path().join("cache");
+        let store = Arc::new(MemoryStore::new());
+        let mut sim = Sim {
+            seed,
+            rng,
+            params,
+            store,
+            _tmp: tmp,
+            cache_dir,
+            rt: None,
+            fs: None,
+            model: Model::default(),
+            handles: Vec::new(),
+            faults_on: false,
+            offline: false,
+            incarnation: 0,
+            t0: tokio::time::Instant::now(),
+            step: 0,
+            log: Vec::new(),
+            core_log: CoreLog::install(),
+            watch: std::env::var("SIM_WATCH").ok(),
+        };
+        sim.seed_bucket();
+        sim.mount()?;
+        sim.faults_on =
+            sim.params.faults.fail_before > 0.0 || sim.params.faults.max_delay > Duration::ZERO;
+        sim.apply_faults();
+        Ok(sim)
+    }
+
+    /// What the bucket holds before the first mount.
+    fn seed_bucket(&mut self) {
+        for d in DIRS {
+            if self.rng.gen_bool(0.5) {
+                self.store.insert(&format!("{d}/"), Vec::new());
+                self.model.dirs.insert(d.to_string());
+            }
+        }
+        for path in all_paths() {
+            if self.model.parent_exists(&path) && self.rng.gen_bool(0.35) {
+                let len = self.size();
+                let data = self.bytes(len);
+                self.store.insert(&path, data.clone());
+                self.model.add(&path, data, true);
+            }
+        }
+        let files: Vec<String> = self.model.names.keys().cloned().collect();
+        self.note(format!(
+            "bucket starts with dirs {:?} and files {files:?}",
+            self.model.dirs
+        ));
+    }
+
+    fn apply_faults(&self) {
+        self.store
+            .set_faults(self.faults_on.then_some(self.params.faults));
+        self.store.set_offline(self.offline);
+    }
+
+    fn fs(&self) -> &Fs {
+        self.fs.as_ref().expect("mounted")
+    }
+
+    /// Runs `fut` on the current incarnation's runtime, bounded in simulated time.
+    fn run<F: Future>(&self, fut: F) -> Check<F::Output> {
+        let rt = self.rt.as_ref().expect("a runtime");
+        rt.block_on(async { tokio::time::timeout(STEP_LIMIT, fut).await })
+            .map_err(|_| {
+                violation(
+                    "I6",
+                    "an operation hung",
+                    format!(
+                        "step {} did not finish within {STEP_LIMIT:?} (simulated)",
+                        self.step
+                    ),
+                )
+            })
+    }
+
+    fn now_ms(&self) -> u128 {
+        self.rt
+            .as_ref()
+            .map_or(0, |rt| rt.block_on(async { self.t0.elapsed().as_millis() }))
+    }
+
+    fn note(&mut self, line: String) {
+        if let Some((core, _)) = &self.core_log {
+            // Identical lines in a row (a retry loop) are shown once, with a count.
+            let mut run: Option<(String, usize)> = None;
+            let mut lines = Vec::new();
+            for l in core.take_lines().into_iter().map(Some).chain([None]) {
+                match (&mut run, l) {
+                    (Some((prev, n)), Some(l)) if *prev == l => *n += 1,
+                    (r, l) => {
+                        if let Some((prev, n)) = r.take() {
+                            lines.push(match n {
+                                1 => format!("        core: {prev}"),
+                                _ => format!("        core: {prev}  (x{n})"),
+                            });
+                        }
+                        *r = l.map(|l| (l, 1));
+                    }
+                }
+            }
+            self.log.extend(lines);
+        }
+        if let Some(k) = &self.watch {
+            let b = show_opt(self.store.object_bytes(k).as_deref());
+            self.log.push(format!("        bucket: {k} = {b}"));
+        }
+        let t = self.now_ms();
+        self.log.push(format!(
+            "#{:<3} [mount {} t={t}ms] {line}",
+            self.step, self.incarnation
+        ));
+    }
+
+    /// Mounts a new incarnation on the cache directory and replays its journal.
+    fn mount(&mut self) -> Check {
+        let rt = runtime();
+        fs_core::platform::set_inline_blocking(true);
+        fs_core::store::retry::seed_jitter(Some(mix(self.seed, u64::from(self.incarnation))));
+        let fs = {
+            let _guard = rt.enter();
+            Filesystem::with_write(
+                self.store.clone(),
+                mount_config(),
+                write_config(self.cache_dir.clone(), &self.params),
+            )
+            .map_err(|e| violation("I1", "a restart could not mount", e))?
+        };
+        self.t0 = rt.block_on(async { tokio::time::Instant::now() });
+        self.rt = Some(rt);
+        self.fs = Some(fs);
+        let started = self.run(self.fs().start())?;
+        match started {
+            Ok(n) => self.note(format!("mounted; start() replayed {n} staged files")),
+            Err(e) => {
+                return Err(violation(
+                    "I1",
+                    "start() failed",
+                    format!("start() failed: {e}"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` with the bucket healthy (to look at the filesystem), then puts the faults back.
+    fn quiet<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        self.store.set_faults(None);
+        self.store.set_offline(false);
+        let r = f(self);
+        self.apply_faults();
+        r
+    }
+
+    fn observe(&self, path: &str) -> Check<Obs> {
+        self.run(observe(self.fs(), path))
+    }
+
+    fn faulty(&self) -> bool {
+        self.offline
+            || (self.faults_on
+                && (self.params.faults.fail_before > 0.0 || self.params.faults.fail_after > 0.0))
+    }
+
+    // -- random choices ------------------------------------------------------------------------
+
+    fn size(&mut self) -> usize {
+        match self.rng.gen_range(0..100) {
+            0..=54 => self.rng.gen_range(0..4096),
+            55..=84 => self.rng.gen_range(4096..65_536),
+            _ => self.rng.gen_range(65_536..200_000),
+        }
+    }
+
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.rng.fill_bytes(&mut v);
+        v
+    }
+
+    fn pick<T: Clone>(&mut self, v: &[T]) -> Option<T> {
+        (!v.is_empty()).then(|| v[self.rng.gen_range(0..v.len())].clone())
+    }
+
+    fn live_paths(&self) -> Vec<String> {
+        self.model.names.keys().cloned().collect()
+    }
+
+    /// A live path, preferring files with an open handle half of the time.
+    fn pick_live(&mut self) -> Option<String> {
+        let held: Vec<String> = self
+            .handles
+            .iter()
+            .filter_map(|h| self.model.files.get(&h.file)?.path.clone())
+            .collect();
+        if !held.is_empty() && self.rng.gen_bool(0.5) {
+            return self.pick(&held);
+        }
+        let live = self.live_paths();
+        self.pick(&live)
+    }
+
+    fn free_paths(&self) -> Vec<String> {
+        all_paths()
+            .into_iter()
+            .filter(|p| self.model.parent_exists(p) && self.model.live(p).is_none())
+            .collect()
+    }
+
+    fn offset_for(&mut self, size: usize) -> usize {
+        match self.rng.gen_range(0..10) {
+            0..=4 => self.rng.gen_range(0..=size),
+            5 | 6 => size,
+            _ => size + self.rng.gen_range(0..20_000),
+        }
+    }
+
+    // -- steps ---------------------------------------------------------------------------------
+
+    fn choose(&mut self) -> Step {
+        let h = !self.handles.is_empty();
+        let w = |on: bool, n: u32| if on { n } else { 0 };
+        let table = [
+            (10, Step::Create),
+            (8, Step::OpenWrite),
+            (4, Step::Rewrite),
+            (4, Step::Append),
+            (w(h, 8), Step::HandleWrite),
+            (w(h, 6), Step::HandleClose),
+            (w(h, 4), Step::HandleFsync),
+            (w(h, 2), Step::HandleTruncate),
+            (4, Step::Truncate),
+            (6, Step::Rename),
+            (4, Step::Unlink),
+            (3, Step::Mkdir),
+            (2, Step::Rmdir),
+            (3, Step::RenameDir),
+            (6, Step::Read),
+            (1, Step::ReadGone),
+            (3, Step::Crash),
+            (2, Step::ToggleFaults),
+            (w(self.params.offline_episodes, 2), Step::ToggleOffline),
+            (6, Step::Sleep),
+        ];
+        let total: u32 = table.iter().map(|(n, _)| n).sum();
+        let mut x = self.rng.gen_range(0..total);
+        for (n, k) in table {
+            if x < n {
+                return k;
+            }
+            x -= n;
+        }
+        Step::Sleep
+    }
+
+    fn one_step(&mut self) -> Check {
+        let kind = self.choose();
+        let done = match kind {
+            Step::Create => self.op_create()?,
+            Step::OpenWrite => self.op_open_write(false)?,
+            Step::Append => self.op_open_write(true)?,
+            Step::Rewrite => self.op_rewrite()?,
+            Step::HandleWrite => self.op_handle_write()?,
+            Step::HandleClose => self.op_handle_close()?,
+            Step::HandleFsync => self.op_handle_fsync()?,
+            Step::HandleTruncate => self.op_handle_truncate()?,
+            Step::Truncate => self.op_truncate()?,
+            Step::Rename => self.op_rename()?,
+            Step::Unlink => self.op_unlink()?,
+            Step::Mkdir => self.op_mkdir()?,
+            Step::Rmdir => self.op_rmdir()?,
+            Step::RenameDir => self.op_rename_dir()?,
+            Step::Read => self.op_read()?,
+            Step::ReadGone => self.op_read_gone()?,
+            Step::Crash => {
+                self.op_crash()?;
+                true
+            }
+            Step::ToggleFaults => {
+                self.faults_on = !self.faults_on;
+                self.apply_faults();
+                self.note(format!(
+                    "faults {}",
+                    if self.faults_on { "on" } else { "off" }
+                ));
+                true
+            }
+            Step::ToggleOffline => {
+                self.offline = !self.offline;
+                self.apply_faults();
+                self.note(format!(
+                    "bucket {}",
+                    if self.offline { "offline" } else { "online" }
+                ));
+                true
+            }
+            Step::Sleep => false,
+        };
+        if !done {
+            let ms = self.rng.gen_range(0..1000);
+            self.run(async { tokio::time::sleep(Duration::from_millis(ms)).await })?;
+            self.note(format!("sleep {ms}ms"));
+        }
+        let held: BTreeSet<FileId> = self.handles.iter().map(|h| h.file).collect();
+        self.model.gc(&held);
+        self.check_bucket()
+    }
+
+    /// The parent directory of `path` through the filesystem. `None`: a transient failure (the
+    /// step is skipped).
+    fn parent(&mut self, path: &str) -> Check<Option<(Ino, String)>> {
+        let (dir, name) = match path.rsplit_once('/') {
+            None => return Ok(Some((ROOT_INO, path.to_string()))),
+            Some((d, n)) => (d.to_string(), n.to_string()),
+        };
+        match self.run(self.fs().lookup(ROOT_INO, &dir))? {
+            Ok(a) if a.kind == Kind::Dir => Ok(Some((a.ino, name))),
+            Ok(_) => Err(violation(
+                "VIEW",
+                "a directory shows as a file",
+                format!("directory {dir} shows as a file"),
+            )),
+            Err(FsError::NotFound) => Err(violation(
+                "VIEW",
+                "a directory vanished",
+                format!("directory {dir} exists but the filesystem says it does not"),
+            )),
+            Err(e) => {
+                self.note(format!("(lookup of {dir} failed: {e}; step skipped)"));
+                Ok(None)
+            }
+        }
+    }
+
+    /// The inode of the live file at `path`; `None` on a transient failure.
+    fn file_ino(&mut self, path: &str) -> Check<Option<Ino>> {
+        let Some((parent, name)) = self.parent(path)? else {
+            return Ok(None);
+        };
+        match self.run(self.fs().lookup(parent, &name))? {
+            Ok(a) if a.kind == Kind::File => Ok(Some(a.ino)),
+            Ok(_) => Err(violation(
+                "VIEW",
+                "a file shows as a directory",
+                format!("file {path} shows as a directory"),
+            )),
+            Err(FsError::NotFound) => Err(violation(
+                "VIEW",
+                "a file vanished",
+                format!("{path} exists but the filesystem says it does not"),
+            )),
+            Err(e) => {
+                self.note(format!("(lookup of {path} failed: {e}; step skipped)"));
+                Ok(None)
+            }
+        }
+    }
+
+    /// A write that touches only the local disk must succeed.
+    fn write(&mut self, fh: u64, file: FileId, offset: usize, data: &[u8]) -> Check {
+        match self.run(self.fs().write(fh, offset as u64, data))? {
+            Ok(n) if n as usize == data.len() => {
+                self.model.write(file, offset, data);
+                Ok(())
+            }
+            other => Err(violation(
+                "I5",
+                "a local write failed",
+                format!(
+                    "write of {} bytes at {offset} failed: {other:?}",
+                    data.len()
+                ),
+            )),
+        }
+    }
+
+    /// close(): flush and release.
+    fn close(&mut self, fh: u64, file: FileId) -> Check<FsResult<()>> {
+        let r = self.run(self.fs().flush(fh))?;
+        self.run(self.fs().release(fh))?;
+        if r.is_ok() {
+            self.model.ack(file);
+        }
+        Ok(r)
+    }
+
+    fn keep_or_close(&mut self, fh: u64, file: FileId, what: String) -> Check {
+        if self.handles.len() < MAX_HANDLES && self.rng.gen_bool(0.3) {
+            self.handles.push(Handle { fh, file });
+            self.note(format!("{what}; kept open as fh {fh}"));
+        } else {
+            let r = self.close(fh, file)?;
+            self.note(format!("{what}; close -> {}", outcome(&r)));
+        }
+        Ok(())
+    }
+
+    fn op_create(&mut self) -> Check<bool> {
+        let free = self.free_paths();
+        let Some(path) = self.pick(&free) else {
+            return Ok(false);
+        };
+        let Some((parent, name)) = self.parent(&path)? else {
+            return Ok(true);
+        };
+        let len = self.size();
+        let data = self.bytes(len);
+        let r = self.run(self.fs().create(parent, &name))?;
+        let (_, opened) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                self.note(format!("create {path} -> error: {e}"));
+                return Ok(true);
+            }
+        };
+        let id = self.model.add(&path, Vec::new(), false);
+        self.write(opened.fh, id, 0, &data)?;
+        self.keep_or_close(
+            opened.fh,
+            id,
+            format!("create {path}, write {}", show(&data)),
+        )?;
+        Ok(true)
+    }
+
+    fn op_open_write(&mut self, append: bool) -> Check<bool> {
+        let Some(path) = self.pick_live() else {
+            return Ok(false);
+        };
+        let id = self.model.live(&path).unwrap();
+        let Some(ino) = self.file_ino(&path)? else {
+            return Ok(true);
+        };
+        let size = self.model.file(id).current.len();
+        let offset = if append { size } else { self.offset_for(size) };
+        let len = self.size().max(1);
+        let data = self.bytes(len);
+        let what = format!(
+            "open {path} for writing, pwrite {} at {offset}{}",
+            show(&data),
+            if append { " (append)" } else { "" }
+        );
+        let opened = match self.run(self.fs().open(ino, W))? {
+            Ok(o) => o,
+            Err(e) => {
+                self.note(format!("{what}: open -> error: {e}"));
+                return Ok(true);
+            }
+        };
+        self.write(opened.fh, id, offset, &data)?;
+        self.keep_or_close(opened.fh, id, what)?;
+        Ok(true)
+    }
+
+    fn op_rewrite(&mut self) -> Check<bool> {
+        let Some(path) = self.pick_live() else {
+            return Ok(false);
+        };
+        let id = self.model.live(&path).unwrap();
+        let Some(ino) = self.file_ino(&path)? else {
+            return Ok(true);
+        };
+        let len = self.size();
+        let data = self.bytes(len);
+        let what = format!("open {path} with O_TRUNC, write {}", show(&data));
+        let opened = match self.run(self.fs().open(ino, WT))? {
+            Ok(o) => o,
+            Err(e) => {
+                self.note(format!("{what}: open -> error: {e}"));
+                return Ok(true);
+            }
+        };
+        self.model.set_current(id, Vec::new());
+        self.write(opened.fh, id, 0, &data)?;
+        self.keep_or_close(opened.fh, id, what)?;
+        Ok(true)
+    }
+
+    fn pick_handle(&mut self) -> Option<usize> {
+        (!self.handles.is_empty()).then(|| self.rng.gen_range(0..self.handles.len()))
+    }
+
+    fn handle_name(&self, h: Handle) -> String {
+        match self.model.files.get(&h.file).and_then(|f| f.path.clone()) {
+            Some(p) => format!("fh {} ({p})", h.fh),
+            None => format!("fh {} (unlinked)", h.fh),
+        }
+    }
+
+    fn op_handle_write(&mut self) -> Check<bool> {
+        let Some(i) = self.pick_handle() else {
+            return Ok(false);
+        };
+        let h = self.handles[i];
+        let size = self.model.file(h.file).current.len();
+        let offset = self.offset_for(size);
+        let len = self.size().max(1);
+        let data = self.bytes(len);
+        self.write(h.fh, h.file, offset, &data)?;
+        let name = self.handle_name(h);
+        self.note(format!("pwrite {name} {} at {offset}", show(&data)));
+        Ok(true)
+    }
+
+    fn op_handle_close(&mut self) -> Check<bool> {
+        let Some(i) = self.pick_handle() else {
+            return Ok(false);
+        };
+        let h = self.handles.remove(i);
+        let name = self.handle_name(h);
+        let r = self.close(h.fh, h.file)?;
+        self.note(format!("close {name} -> {}", outcome(&r)));
+        Ok(true)
+    }
+
+    fn op_handle_fsync(&mut self) -> Check<bool> {
+        let Some(i) = self.pick_handle() else {
+            return Ok(false);
+        };
+        let h = self.handles[i];
+        let name = self.handle_name(h);
+        let r = self.run(self.fs().fsync(h.fh))?;
+        self.note(format!("fsync {name} -> {}", outcome(&r)));
+        let f = self.model.file(h.file).clone();
+        match r {
+            Ok(()) => {
+                self.model.ack(h.file);
+                self.check_bucket()?;
+                if let Some(path) = f.path {
+                    let got = self.store.object_bytes(&path);
+                    if got.as_deref() != Some(&f.current[..]) {
+                        return Err(violation(
+                            "I1",
+                            "fsync returned before the data was in the bucket",
+                            format!(
+                                "fsync of {path} returned, the file is {} but the bucket holds {}",
+                                show(&f.current),
+                                show_opt(got.as_deref())
+                            ),
+                        ));
+                    }
+                }
+            }
+            // Committed, perhaps: the upload may still land.
+            Err(_) => self.model.maybe(h.file),
+        }
+        Ok(true)
+    }
+
+    fn op_handle_truncate(&mut self) -> Check<bool> {
+        let Some(i) = self.pick_handle() else {
+            return Ok(false);
+        };
+        let h = self.handles[i];
+        let Some(path) = self.model.file(h.file).path.clone() else {
+            return Ok(false);
+        };
+        let Some(ino) = self.file_ino(&path)? else {
+            return Ok(true);
+        };
+        let size = self.model.file(h.file).current.len();
+        let len = self.rng.gen_range(0..=size + 10_000);
+        let r = self.run(self.fs().setattr(ino, Some(len as u64), None, Some(h.fh)))?;
+        self.note(format!(
+            "ftruncate fh {} ({path}) to {len} -> {}",
+            h.fh,
+            outcome(&r)
+        ));
+        if r.is_ok() {
+            self.model.truncate(h.file, len);
+        }
+        Ok(true)
+    }
+
+    fn op_truncate(&mut self) -> Check<bool> {
+        let Some(path) = self.pick_live() else {
+            return Ok(false);
+        };
+        let id = self.model.live(&path).unwrap();
+        let Some(ino) = self.file_ino(&path)? else {
+            return Ok(true);
+        };
+        let size = self.model.file(id).current.len();
+        let len = match self.rng.gen_range(0..4) {
+            0 => 0,
+            1 => size + self.rng.gen_range(1..30_000),
+            _ => self.rng.gen_range(0..=size),
+        };
+        let r = self.run(self.fs().setattr(ino, Some(len as u64), None, None))?;
+        self.note(format!("truncate {path} to {len} -> {}", outcome(&r)));
+        let mut after = self.model.file(id).current.clone();
+        after.resize(len, 0);
+        match r {
+            Ok(_) => {
+                self.model.truncate(id, len);
+                self.model.ack(id);
+            }
+            Err(e) => {
+                let before = self.model.file(id).current.clone();
+                let seen = self.quiet(|s| s.observe(&path))?;
+                if seen == Obs::File(after.clone()) {
+                    self.model.truncate(id, len);
+                    self.model.maybe(id);
+                } else if seen != Obs::File(before.clone()) {
+                    return Err(violation(
+                        "ATOMIC",
+                        "a failed truncate left another state",
+                        format!(
+                            "truncate {path} to {len} failed ({e}); the file was {} and would be {}, \
+                             but reads {seen}",
+                            show(&before),
+                            show(&after)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// What the filesystem should show at `path` per the model.
+    fn expected(&self, path: &str) -> Obs {
+        match self.model.live(path) {
+            Some(id) => Obs::File(self.model.file(id).current.clone()),
+            None if self.model.dirs.contains(path) => Obs::Dir,
+            None => Obs::Missing,
+        }
+    }
+
+    fn op_rename(&mut self) -> Check<bool> {
+        let Some(from) = self.pick_live() else {
+            return Ok(false);
+        };
+        let targets: Vec<String> = all_paths()
+            .into_iter()
+            .filter(|p| *p != from && self.model.parent_exists(p))
+            .collect();
+        let Some(to) = self.pick(&targets) else {
+            return Ok(false);
+        };
+        let Some((p1, n1)) = self.parent(&from)? else {
+            return Ok(true);
+        };
+        let Some((p2, n2)) = self.parent(&to)? else {
+            return Ok(true);
+        };
+        let before = (self.expected(&from), self.expected(&to));
+        let r = self.run(self.fs().rename(p1, &n1, p2, &n2))?;
+        let over = if before.1 == Obs::Missing {
+            ""
+        } else {
+            " (over a file)"
+        };
+        self.note(format!("rename {from} -> {to}{over} -> {}", outcome(&r)));
+        match r {
+            Ok(()) => self.model.rename(&from, &to),
+            Err(e) => {
+                let seen = self.quiet(|s| Ok((s.observe(&from)?, s.observe(&to)?)))?;
+                let after = (Obs::Missing, before.0.clone());
+                if seen == after {
+                    self.note("  (the rename happened nonetheless)".into());
+                    self.model.rename(&from, &to);
+                    if self.store.object_bytes(&from).is_some() {
+                        self.model.stray_ok.insert(from.clone());
+                    }
+                } else if seen != before {
+                    return Err(violation(
+                        "ATOMIC",
+                        "a failed rename left a third state",
+                        format!(
+                            "rename {from} -> {to} failed ({e}); before: {from} {} and {to} {}; \
+                             now {from} {} and {to} {}",
+                            before.0, before.1, seen.0, seen.1
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn op_unlink(&mut self) -> Check<bool> {
+        let Some(path) = self.pick_live() else {
+            return Ok(false);
+        };
+        let Some((parent, name)) = self.parent(&path)? else {
+            return Ok(true);
+        };
+        let before = self.expected(&path);
+        let r = self.run(self.fs().unlink(parent, &name))?;
+        self.note(format!("unlink {path} -> {}", outcome(&r)));
+        match r {
+            Ok(()) => self.model.unlink(&path),
+            Err(e) => {
+                let seen = self.quiet(|s| s.observe(&path))?;
+                if seen == Obs::Missing {
+                    self.note("  (the unlink happened nonetheless)".into());
+                    self.model.unlink(&path);
+                    if self.store.object_bytes(&path).is_some() {
+                        self.model.stray_ok.insert(path.clone());
+                    }
+                } else if seen != before {
+                    return Err(violation(
+                        "ATOMIC",
+                        "a failed unlink left a third state",
+                        format!("unlink {path} failed ({e}); it was {before}, now it reads {seen}"),
+                    ));
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn op_mkdir(&mut self) -> Check<bool> {
+        let free: Vec<&str> = DIRS
+            .into_iter()
+            .filter(|d| !self.model.dirs.contains(*d))
+            .collect();
+        let Some(d) = self.pick(&free) else {
+            return Ok(false);
+        };
+        let r = self.run(self.fs().mkdir(ROOT_INO, d))?;
+        self.note(format!("mkdir {d} -> {}", outcome(&r)));
+        match r {
+            Ok(_) => {
+                self.model.dirs.insert(d.to_string());
+            }
+            Err(e) => match self.quiet(|s| s.observe(d))? {
+                Obs::Dir => {
+                    self.model.dirs.insert(d.to_string());
+                }
+                Obs::Missing => {}
+                seen => {
+                    return Err(violation(
+                        "ATOMIC",
+                        "a failed mkdir left a third state",
+                        format!("mkdir {d} failed ({e}) and {d} reads {seen}"),
+                    ))
+                }
+            },
+        }
+        Ok(true)
+    }
+
+    fn op_rmdir(&mut self) -> Check<bool> {
+        let dirs: Vec<String> = self.model.dirs.iter().cloned().collect();
+        let Some(d) = self.pick(&dirs) else {
+            return Ok(false);
+        };
+        let empty = self.model.dir_empty(&d);
+        let r = self.run(self.fs().rmdir(ROOT_INO, &d))?;
+        self.note(format!(
+            "rmdir {d} ({}) -> {}",
+            if empty { "empty" } else { "not empty" },
+            outcome(&r)
+        ));
+        match r {
+            Ok(()) if !empty => {
+                return Err(violation(
+                    "VIEW",
+                    "rmdir removed a directory with files",
+                    format!("rmdir {d} succeeded though it holds files"),
+                ))
+            }
+            Ok(()) => {
+                self.model.dirs.remove(&d);
+            }
+            Err(FsError::NotEmpty) => {}
+            Err(e) => match self.quiet(|s| s.observe(&d))? {
+                Obs::Dir => {}
+                Obs::Missing if empty => {
+                    self.model.dirs.remove(&d);
+                }
+                seen => {
+                    return Err(violation(
+                        "ATOMIC",
+                        "a failed rmdir left a third state",
+                        format!("rmdir {d} failed ({e}) and {d} reads {seen}"),
+                    ))
+                }
+            },
+        }
+        Ok(true)
+    }
+
+    fn op_rename_dir(&mut self) -> Check<bool> {
+        let dirs: Vec<String> = self.model.dirs.iter().cloned().collect();
+        let Some(from) = self.pick(&dirs) else {
+            return Ok(false);
+        };
+        let targets: Vec<&str> = DIRS
+            .into_iter()
+            .filter(|d| *d != from && (!self.model.dirs.contains(*d) || self.model.dir_empty(d)))
+            .collect();
+        let Some(to) = self.pick(&targets) else {
+            return Ok(false);
+        };
+        let paths = |d: &str| -> Vec<String> {
+            let mut v = vec![d.to_string()];
+            v.extend(DIR_FILES.iter().map(|f| format!("{d}/{f}")));
+            v
+        };
+        let watched: Vec<String> = paths(&from).into_iter().chain(paths(to)).collect();
+        let before: Vec<Obs> = watched.iter().map(|p| self.expected(p)).collect();
+        let r = self.run(self.fs().rename(ROOT_INO, &from, ROOT_INO, to))?;
+        let inside: Vec<String> = self
+            .live_paths()
+            .into_iter()
+            .filter(|p| p.starts_with(&format!("{from}/")))
+            .collect();
+        self.note(format!(
+            "rename directory {from} -> {to} (holding {inside:?}) -> {}",
+            outcome(&r)
+        ));
+        match r {
+            Ok(()) => self.model.rename_dir(&from, to),
+            Err(e) => {
+                let seen: Vec<Obs> = self.quiet(|s| {
+                    watched
+                        .iter()
+                        .map(|p| s.observe(p))
+                        .collect::<Check<Vec<Obs>>>()
+                })?;
+                let n = DIR_FILES.len() + 1;
+                let mut after = vec![Obs::Missing; n];
+                after.extend(before[..n].iter().cloned());
+                if seen == after {
+                    self.note("  (the rename happened nonetheless)".into());
+                    self.model.rename_dir(&from, to);
+                } else if seen != before {
+                    let diff: Vec<String> = watched
+                        .iter()
+                        .zip(before.iter().zip(&seen))
+                        .filter(|(_, (b, s))| b != s)
+                        .map(|(p, (b, s))| format!("{p}: was {b}, now {s}"))
+                        .collect();
+                    return Err(violation(
+                        "ATOMIC",
+                        "a failed directory rename left a third state",
+                        format!("rename of {from} -> {to} failed ({e}): {}", diff.join("; ")),
+                    ));
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn op_read(&mut self) -> Check<bool> {
+        let Some(path) = self.pick_live() else {
+            return Ok(false);
+        };
+        let want = self.expected(&path);
+        let seen = self.observe(&path)?;
+        self.note(format!("read {path} -> {seen}"));
+        match &seen {
+            s if *s == want => Ok(true),
+            Obs::Failed(_) if self.faulty() => Ok(true),
+            Obs::File(got) => {
+                let Obs::File(w) = &want else { unreachable!() };
+                let at = got.iter().zip(w.iter()).position(|(a, b)| a != b);
+                Err(violation(
+                    "VIEW",
+                    "a read shows other content",
+                    format!(
+                        "{path} reads {} but the user wrote {} (first difference at {at:?}); \
+                         the bucket holds {}",
+                        show(got),
+                        show(w),
+                        show_opt(self.store.object_bytes(&path).as_deref())
+                    ),
+                ))
+            }
+            _ => Err(violation(
+                "VIEW",
+                "a file reads wrong",
+                format!("{path} should read {want} but reads {seen}"),
+            )),
+        }
+    }
+
+    fn op_read_gone(&mut self) -> Check<bool> {
+        let gone: Vec<String> = all_paths()
+            .into_iter()
+            .filter(|p| {
+                self.model.parent_exists(p)
+                    && self.model.live(p).is_none()
+                    && !self.model.stray_ok.contains(p)
+            })
+            .collect();
+        let Some(path) = self.pick(&gone) else {
+            return Ok(false);
+        };
+        let seen = self.observe(&path)?;
+        self.note(format!("look up removed name {path} -> {seen}"));
+        match seen {
+            Obs::Missing => Ok(true),
+            Obs::Failed(_) if self.faulty() => Ok(true),
+            _ => Err(violation(
+                "I3",
+                "a removed name is back",
+                format!("{path} was never created or was removed, yet reads {seen}"),
+            )),
+        }
+    }
+
+    /// Lets uploads run for a while, then drops everything mid-flight and mounts again.
+    fn op_crash(&mut self) -> Check {
+        let ms = if self.rng.gen_bool(0.2) {
+            0
+        } else {
+            self.rng.gen_range(0..300)
+        };
+        self.run(async { tokio::time::sleep(Duration::from_millis(ms)).await })?;
+        self.note(format!(
+            "CRASH after {ms}ms more ({} handles open)",
+            self.handles.len()
+        ));
+        let at_crash: Vec<(String, FileId, Vec<u8>)> = self
+            .model
+            .names
+            .iter()
+            .map(|(p, id)| (p.clone(), *id, self.model.file(*id).current.clone()))
+            .collect();
+        self.rt = None;
+        self.fs = None;
+        self.handles.clear();
+        self.model.gc(&BTreeSet::new());
+        self.incarnation += 1;
+        self.mount()?;
+        self.quiet(|s| s.verify_after_restart(at_crash))
+    }
+
+    /// After a restart every file holds its acknowledged content (or a later state that
+    /// contains it), and no removed name is back.
+    fn verify_after_restart(&mut self, at_crash: Vec<(String, FileId, Vec<u8>)>) -> Check {
+        for (path, id, cur) in at_crash {
+            let f = self.model.file(id).clone();
+            let seen = self.observe(&path)?;
+            match &seen {
+                Obs::File(d) if f.legal_final(d) || *d == cur => {
+                    if f.acked.as_ref() != Some(d) {
+                        self.model.set_current(id, d.clone());
+                        self.model.maybe(id);
+                    } else {
+                        self.model.set_current(id, d.clone());
+                    }
+                }
+                Obs::Missing if f.acked.is_none() => {
+                    self.model.unlink(&path);
+                }
+                Obs::Failed(e) => {
+                    return Err(violation(
+                        "VIEW",
+                        "a file cannot be read after a restart",
+                        format!(
+                            "after the restart {path} cannot be read with a healthy bucket: {e}"
+                        ),
+                    ))
+                }
+                _ => {
+                    let class = if matches!(seen, Obs::Missing) {
+                        "an acknowledged file is gone after a restart"
+                    } else {
+                        "a file holds an older or other state after a restart"
+                    };
+                    return Err(violation(
+                        "I1",
+                        class,
+                        format!(
+                            "after the restart {path} reads {seen}; acknowledged {}, {} at the crash{}",
+                            show_opt(f.acked.as_deref()),
+                            show(&cur),
+                            if f.maybe.is_empty() {
+                                String::new()
+                            } else {
+                                format!(
+                                    ", maybe committed {:?}",
+                                    f.maybe.iter().map(|m| show(m)).collect::<Vec<_>>()
+                                )
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+        for path in all_paths() {
+            if !self.model.parent_exists(&path) || self.model.live(&path).is_some() {
+                continue;
+            }
+            let seen = self.observe(&path)?;
+            match seen {
+                Obs::Missing => {}
+                Obs::File(d) if self.model.stray_ok.contains(&path) => {
+                    self.model.add(&path, d, true);
+                }
+                _ => {
+                    return Err(violation(
+                        "I3",
+                        "a removed name is back after a restart",
+                        format!("{path} was removed, yet after the restart it reads {seen}"),
+                    ))
+                }
+            }
+        }
+        for d in DIRS {
+            let seen = self.observe(d)?;
+            let want = self.model.dirs.contains(d);
+            // A mkdir or rmdir that failed may have happened (a lost response) while the
+            // filesystem went on showing the old state; a directory with no files is taken as
+            // the bucket now has it.
+            if want != (seen == Obs::Dir) && self.model.dir_empty(d) {
+                match seen {
+                    Obs::Dir => {
+                        self.model.dirs.insert(d.to_string());
+                    }
+                    Obs::Missing => {
+                        self.model.dirs.remove(d);
+                    }
+                    _ => {}
+                }
+                if matches!(seen, Obs::Dir | Obs::Missing) {
+                    self.note(format!("  (empty directory {d} is now {seen})"));
+                    continue;
+                }
+            }
+            if want && seen != Obs::Dir {
+                return Err(violation(
+                    "VIEW",
+                    "a directory is gone after a restart",
+                    format!("directory {d} reads {seen} after the restart"),
+                ));
+            }
+            if !want && seen != Obs::Missing {
+                return Err(violation(
+                    "I3",
+                    "a removed directory is back after a restart",
+                    format!("directory {d} was removed, yet after the restart it reads {seen}"),
+                ));
+            }
+        }
+        self.note("restart verified: every file holds an acknowledged state".into());
+        Ok(())
+    }
+
+    /// The bucket, read directly: I4 (no conflict copies), I3 (only live names), I2 (each
+    /// object is a real state of the file under its name).
+    fn check_bucket(&mut self) -> Check {
+        let keys = self.store.keys();
+        let present: BTreeSet<&String> = keys.iter().collect();
+        self.model.stray_ok.retain(|k| present.contains(k));
+        for key in &keys {
+            if key.contains(".conflict-") {
+                return Err(violation(
+                    "I4",
+                    "a conflict copy was made with no other writer",
+                    format!("the bucket holds {key}"),
+                ));
+            }
+            if key.starts_with(&format!("{TEMP_DIR}/")) || self.model.stray_ok.contains(key) {
+                continue;
+            }
+            // Directory markers may linger or go missing after a failed mkdir or rmdir whose
+            // outcome the filesystem could not know; files are checked, markers are not.
+            if key.ends_with('/') {
+                continue;
+            }
+            if self.model.live(key).is_none() {
+                return Err(violation(
+                    "I3",
+                    "an object under a removed name",
+                    format!("the bucket holds {key}, which was removed or never made"),
+                ));
+            }
+            let Some(data) = self.store.object_bytes(key) else {
+                continue;
+            };
+            let known = self
+                .model
+                .history
+                .get(key)
+                .is_some_and(|h| h.contains(&digest(&data)));
+            if !known {
+                return Err(violation(
+                    "I2",
+                    "the bucket holds bytes no state of the file had",
+                    format!(
+                        "{key} holds {} in the bucket, which is no state any file under that \
+                         name had (now {})",
+                        show(&data),
+                        show(&self.model.file(self.model.live(key).unwrap()).current)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Faults stop; every handle is closed; the drain must finish and leave the bucket equal
+    /// to the model.
+    fn finish(&mut self) -> Check {
+        self.faults_on = false;
+        self.offline = false;
+        self.apply_faults();
+        self.step += 1;
+        self.note("faults off, bucket online; closing every handle".into());
+        for h in std::mem::take(&mut self.handles) {
+            let name = self.handle_name(h);
+            let r = self.close(h.fh, h.file)?;
+            self.note(format!("close {name} -> {}", outcome(&r)));
+            if let Err(e) = r {
+                return Err(violation(
+                    "I6",
+                    "close failed with a healthy bucket",
+                    format!("close of {name} failed with no faults: {e}"),
+                ));
+            }
+        }
+        self.model.gc(&BTreeSet::new());
+        // Bounded by drain_bounded itself, not by the step limit.
+        let rt = self.rt.as_ref().expect("a runtime");
+        let drained = rt.block_on(drain_bounded(self.fs()));
+        let status = self.run(self.fs().write_status())?;
+        self.note(format!("drain -> {drained:?}; {}", show_status(&status)));
+        self.check_bucket()?;
+        match drained {
+            Err(e) => {
+                return Err(violation(
+                    "I6",
+                    "the final drain never finished",
+                    format!("with a healthy bucket, drain(false) is stuck: {e}"),
+                ))
+            }
+            Ok(n) if n > 0 => {
+                return Err(violation(
+                    "I6",
+                    "the final drain left files pending",
+                    format!("drain(false) returned {n} pending"),
+                ))
+            }
+            Ok(_) => {}
+        }
+        let keys = self.store.keys();
+        if let Some(k) = keys.iter().find(|k| k.starts_with(&format!("{TEMP_DIR}/"))) {
+            return Err(violation(
+                "I7",
+                "temporary parts are left after the drain",
+                format!(
+                    "{} temporary objects remain, e.g. {k}",
+                    keys.iter().filter(|k| k.starts_with(TEMP_DIR)).count()
+                ),
+            ));
+        }
+        if let Some(k) = self.model.stray_ok.iter().next() {
+            return Err(violation(
+                "I3",
+                "a name whose deletion failed is still in the bucket",
+                format!("{k} is still in the bucket after the drain"),
+            ));
+        }
+        let names: Vec<(String, FileId)> = self
+            .model
+            .names
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for (path, id) in names {
+            let f = self.model.file(id);
+            match self.store.object_bytes(&path) {
+                Some(got) if f.legal_final(&got) => {}
+                None if f.acked.is_none() => {}
+                got => {
+                    return Err(violation(
+                        "I1",
+                        "after the drain the bucket lacks an acknowledged version",
+                        format!(
+                            "after the drain {path} holds {} in the bucket; acknowledged {}{}",
+                            show_opt(got.as_deref()),
+                            show_opt(f.acked.as_deref()),
+                            if f.maybe.is_empty() {
+                                String::new()
+                            } else {
+                                format!(
+                                    ", maybe committed {:?}",
+                                    f.maybe.iter().map(|m| show(m)).collect::<Vec<_>>()
+                                )
+                            }
+                        ),
+                    ))
+                }
+            }
+        }
+        if status.pending_files != 0 || status.unsaved_files != 0 {
+            return Err(violation(
+                "I6",
+                "status shows files pending after the drain",
+                format!(
+                    "after the drain write_status() shows {} pending ({} unsaved): {}",
+                    status.pending_files,
+                    status.unsaved_files,
+                    show_status(&status)
+                ),
+            ));
+        }
+        self.note("final state matches the model".into());
+        Ok(())
+    }
+
+    fn run_all(&mut self, ops: usize) -> Check {
+        self.check_bucket()?;
+        for i in 0..ops {
+            self.step = i + 1;
+            self.one_step()?;
+        }
+        self.finish()
+    }
+}
+
+/// A failing seed.
+struct Failure {
+    seed: u64,
+    violation: Violation,
+    params: String,
+    log: Vec<String>,
+}
+
+fn replay_command(seed: u64) -> String {
+    format!(
+        "SIM_SEED={seed} cargo test -p fs-core --test sim sim_seeds -- --nocapture \
+         (SIM_LOG=info adds the core's log)"
+    )
+}
+
+impl Failure {
+    fn headline(&self) -> String {
+        format!(
+            "seed {} [{}] {}: {}",
+            self.seed, self.violation.inv, self.violation.class, self.violation.detail
+        )
+    }
+
+    fn report(&self) -> String {
+        let mut s = format!(
+            "sim seed {} FAILED\n  violated: {}\n  {}: {}\n  replay: {}\n  params: {}\n  op log:\n",
+            self.seed,
+            describe(self.violation.inv),
+            self.violation.class,
+            self.violation.detail,
+            replay_command(self.seed),
+            self.params
+        );
+        for line in &self.log {
+            s.push_str("    ");
+            s.push_str(line);
+            s.push('\n');
+        }
+        s
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
+fn run_seed(seed: u64, ops: usize) -> Result<Vec<String>, Failure> {
+    let mut sim = match std::panic::catch_unwind(|| Sim::new(seed)) {
+        Ok(Ok(sim)) => sim,
+        Ok(Err(v)) => {
+            return Err(Failure {
+                seed,
+                violation: v,
+                params: String::new(),
+                log: Vec::new(),
+            })
+        }
+        Err(p) => {
+            return Err(Failure {
+                seed,
+                violation: violation("PANIC", "panic", panic_message(p)),
+                params: String::new(),
+                log: Vec::new(),
+            })
+        }
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.run_all(ops)));
+    let outcome = match result {
+        Ok(r) => r,
+        Err(p) => Err(violation("PANIC", "panic", panic_message(p))),
+    };
+    let params = sim.params.to_string();
+    let log = std::mem::take(&mut sim.log);
+    // Drop the runtime before the filesystem, as a crash does.
+    sim.rt = None;
+    match outcome {
+        Ok(()) => Ok(log),
+        Err(violation) => Err(Failure {
+            seed,
+            violation,
+            params,
+            log,
+        }),
+    }
+}
+
+#[test]
+fn sim_seeds() {
+    let ops = env_num("SIM_OPS", 60) as usize;
+    let single = std::env::var("SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    let seeds: Vec<u64> = match single {
+        Some(s) => vec![s],
+        None => (0..env_num("SIM_SEEDS", 40)).collect(),
+    };
+    let verbose = std::env::var("SIM_VERBOSE").is_ok_and(|v| v != "0");
+    let start = std::time::Instant::now();
+    let mut failures = Vec::new();
+    for &seed in &seeds {
+        let t = std::time::Instant::now();
+        let result = run_seed(seed, ops);
+        if t.elapsed() > Duration::from_secs(5) {
+            eprintln!(
+                "seed {seed} took {:.1}s of wall-clock time",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        match result {
+            Ok(log) => {
+                if single.is_some() {
+                    eprintln!(
+                        "sim seed {seed} passed; op log:\n    {}",
+                        log.join("\n    ")
+                    );
+                }
+            }
+            Err(f) => {
+                eprintln!("{}", f.headline());
+                failures.push(f);
+            }
+        }
+    }
+    eprintln!(
+        "sim: {} seeds x {ops} ops in {:.1}s, {} failed",
+        seeds.len(),
+        start.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    if failures.is_empty() {
+        return;
+    }
+    let mut msg = String::new();
+    for (i, f) in failures.iter().enumerate() {
+        if i == 0 || verbose {
+            msg.push_str(&f.report());
+            msg.push('\n');
+        }
+    }
+    // Distinct failures, each with the first seed that shows it.
+    let mut classes: Vec<(String, Vec<u64>)> = Vec::new();
+    for f in &failures {
+        let class = format!("[{}] {}", f.violation.inv, f.violation.class);
+        match classes.iter_mut().find(|(c, _)| *c == class) {
+            Some((_, seeds)) => seeds.push(f.seed),
+            None => classes.push((class, vec![f.seed])),
+        }
+    }
+    msg.push_str(&format!(
+        "{} of {} seeds failed; distinct failures:\n",
+        failures.len(),
+        seeds.len()
+    ));
+    for (class, seeds) in &classes {
+        msg.push_str(&format!(
+            "  {class}: seeds {seeds:?}; replay: {}\n",
+            replay_command(seeds[0])
+        ));
+    }
+    panic!("{msg}");
+}
+
+/// A seed's whole run, as text that must be the same every time: the op log and the verdict.
+fn run_text(seed: u64, ops: usize) -> Vec<String> {
+    let (mut lines, verdict) = match run_seed(seed, ops) {
+        Ok(log) => (log, "passed".to_string()),
+        Err(f) => (f.log.clone(), f.headline()),
+    };
+    lines.push(verdict);
+    lines
+        .into_iter()
+        .filter(|l| !l.trim_start().starts_with("core:"))
+        // Conflict copies are named after the wall-clock time.
+        .map(|l| match l.find(".conflict-") {
+            Some(i) => format!("{}.conflict-*{}", &l[..i], &l[(i + 26).min(l.len())..]),
+            None => l,
+        })
+        .collect()
+}
+
+/// Determinism: one seed, run twice, gives the same run, so `SIM_SEED=N` replays what failed.
+#[test]
+fn a_seed_replays_the_same_run() {
+    let ops = env_num("SIM_OPS", 60) as usize;
+    let mut diverged = Vec::new();
+    for seed in [3, 8, 23, 25, 154] {
+        let (a, b) = (run_text(seed, ops), run_text(seed, ops));
+        if a != b {
+            let at = a
+                .iter()
+                .zip(&b)
+                .position(|(x, y)| x != y)
+                .unwrap_or(a.len().min(b.len()));
+            let line = |v: &Vec<String>| v.get(at).cloned().unwrap_or_else(|| "(end)".into());
+            diverged.push(format!(
+                "seed {seed} diverged at line {at}:\n    first:  {}\n    second: {}",
+                line(&a),
+                line(&b)
+            ));
+        }
+    }
+    assert!(
+        diverged.is_empty(),
+        "the simulation is not deterministic (the core's schedule depends on something other \
+         than the seed, such as the wall clock or a thread pool):\n  {}",
+        diverged.join("\n  ")
+    );
+}
