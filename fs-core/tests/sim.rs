@@ -199,6 +199,17 @@ fn describe(inv: &str) -> &'static str {
 // ---------------------------------------------------------------------------------------------
 // One seed.
 
+/// Per-request retries of the simulated bucket: GcsStore's policy, scaled down to the
+/// simulation's time.
+fn store_retry() -> fs_core::store::retry::RetryPolicy {
+    fs_core::store::retry::RetryPolicy {
+        max_attempts: 6,
+        initial_backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(100),
+        max_elapsed: Duration::from_secs(5),
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Params {
     delay: Duration,
@@ -321,6 +332,10 @@ impl Sim {
         let tmp = tempfile::tempdir().expect("a temporary directory");
         let cache_dir = tmp.path().join("cache");
         let store = Arc::new(MemoryStore::new());
+        // The bucket retries transient failures per request, as GcsStore does: what reaches
+        // the core is a lost answer followed by a retry that finds its own effect (a
+        // precondition failure, a missing object), or a failure that outlasted the retries.
+        store.set_retry(Some(store_retry()));
         let mut sim = Sim {
             seed,
             rng,

@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+use super::retry::RetryPolicy;
 use super::{
     ByteStream, ChunkOutcome, ListPage, ListRequest, ObjectMeta, ObjectStore, Precondition,
     ResumableSession, StoreError, StoreErrorKind, StoreResult, WriteOptions,
@@ -153,6 +154,8 @@ pub struct MemoryStore {
     /// The next this-many requests fail with a transient error.
     fail_next: AtomicU64,
     faults: Mutex<Faults>,
+    /// Retries of transient failures, as `GcsStore` makes them per request (`None`: none).
+    retry: Mutex<Option<RetryPolicy>>,
     pub counts: RequestCounts,
 }
 
@@ -188,6 +191,29 @@ impl MemoryStore {
     /// The faults in effect.
     pub fn faults(&self) -> Option<FaultConfig> {
         self.faults.lock().config
+    }
+
+    /// Retries every request's transient failures with `policy`, as `GcsStore` does, so the
+    /// core sees what it sees in production: a lost answer followed by a retry that finds its
+    /// own effect (a precondition failure, a missing object). `None` (the default): every
+    /// failure reaches the caller.
+    pub fn set_retry(&self, policy: Option<RetryPolicy>) {
+        *self.retry.lock() = policy;
+    }
+
+    async fn retried<T, F, Fut>(&self, op: &'static str, key: &str, f: F) -> StoreResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = StoreResult<T>>,
+    {
+        let policy = *self.retry.lock();
+        match policy {
+            Some(p) => super::retry::with_retry(p, op, key, f).await,
+            None => {
+                let mut f = f;
+                f().await
+            }
+        }
     }
 
     /// Takes the link down (`true`): every request fails with a transient error before having
@@ -328,9 +354,10 @@ impl MemoryStore {
     }
 }
 
-#[async_trait::async_trait]
-impl ObjectStore for MemoryStore {
-    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
+/// One attempt of each request; the trait's methods retry these when [`MemoryStore::set_retry`]
+/// asks for it.
+impl MemoryStore {
+    async fn once_head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.counts.head.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("head", key).await?;
         let result = self
@@ -342,14 +369,14 @@ impl ObjectStore for MemoryStore {
         self.end(plan, result).await
     }
 
-    async fn list(&self, req: &ListRequest) -> StoreResult<ListPage> {
+    async fn once_list(&self, req: &ListRequest) -> StoreResult<ListPage> {
         self.counts.list.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("list", &req.prefix).await?;
         let page = Self::list_page(&self.objects.lock(), req);
         self.end(plan, Ok(page)).await
     }
 
-    async fn get_range(
+    async fn once_get_range(
         &self,
         key: &str,
         generation: i64,
@@ -367,7 +394,7 @@ impl ObjectStore for MemoryStore {
         Ok(Box::pin(futures::stream::iter(pieces)))
     }
 
-    async fn put(
+    async fn once_put(
         &self,
         key: &str,
         data: Bytes,
@@ -380,7 +407,7 @@ impl ObjectStore for MemoryStore {
         self.end(plan, result).await
     }
 
-    async fn start_resumable(
+    async fn once_start_resumable(
         &self,
         key: &str,
         pre: Precondition,
@@ -408,7 +435,7 @@ impl ObjectStore for MemoryStore {
         self.end(plan, Ok(session)).await
     }
 
-    async fn upload_chunk(
+    async fn once_upload_chunk(
         &self,
         session: &ResumableSession,
         offset: u64,
@@ -421,7 +448,7 @@ impl ObjectStore for MemoryStore {
         self.end(plan, result).await
     }
 
-    async fn compose(
+    async fn once_compose(
         &self,
         sources: &[(String, i64)],
         dest: &str,
@@ -434,7 +461,7 @@ impl ObjectStore for MemoryStore {
         self.end(plan, result).await
     }
 
-    async fn copy(
+    async fn once_copy(
         &self,
         src: &str,
         src_generation: i64,
@@ -464,7 +491,7 @@ impl ObjectStore for MemoryStore {
         self.end(plan, result).await
     }
 
-    async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
+    async fn once_delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
         self.counts.delete.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("delete", key).await?;
         let result = {
@@ -480,7 +507,7 @@ impl ObjectStore for MemoryStore {
         self.end(plan, result).await
     }
 
-    async fn update_metadata(
+    async fn once_update_metadata(
         &self,
         key: &str,
         generation: i64,
@@ -506,6 +533,109 @@ impl ObjectStore for MemoryStore {
                 })
         };
         self.end(plan, result).await
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for MemoryStore {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
+        self.retried("head", key, || self.once_head(key)).await
+    }
+
+    async fn list(&self, req: &ListRequest) -> StoreResult<ListPage> {
+        self.retried("list", &req.prefix, || self.once_list(req))
+            .await
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        generation: i64,
+        range: Range<u64>,
+    ) -> StoreResult<ByteStream> {
+        self.retried("get_range", key, || {
+            self.once_get_range(key, generation, range.clone())
+        })
+        .await
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
+        self.retried("put", key, || self.once_put(key, data.clone(), pre, opts))
+            .await
+    }
+
+    async fn start_resumable(
+        &self,
+        key: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ResumableSession> {
+        self.retried("start_resumable", key, || {
+            self.once_start_resumable(key, pre, opts)
+        })
+        .await
+    }
+
+    async fn upload_chunk(
+        &self,
+        session: &ResumableSession,
+        offset: u64,
+        data: Bytes,
+        total: Option<u64>,
+    ) -> StoreResult<ChunkOutcome> {
+        self.retried("upload_chunk", &session.key, || {
+            self.once_upload_chunk(session, offset, data.clone(), total)
+        })
+        .await
+    }
+
+    async fn compose(
+        &self,
+        sources: &[(String, i64)],
+        dest: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
+        self.retried("compose", dest, || {
+            self.once_compose(sources, dest, pre, opts)
+        })
+        .await
+    }
+
+    async fn copy(
+        &self,
+        src: &str,
+        src_generation: i64,
+        dest: &str,
+        pre: Precondition,
+    ) -> StoreResult<ObjectMeta> {
+        self.retried("copy", dest, || {
+            self.once_copy(src, src_generation, dest, pre)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
+        self.retried("delete", key, || self.once_delete(key, pre))
+            .await
+    }
+
+    async fn update_metadata(
+        &self,
+        key: &str,
+        generation: i64,
+        metadata: &HashMap<String, String>,
+    ) -> StoreResult<ObjectMeta> {
+        self.retried("update_metadata", key, || {
+            self.once_update_metadata(key, generation, metadata)
+        })
+        .await
     }
 }
 

@@ -102,6 +102,16 @@ impl Item {
         self.edits != self.committed
     }
 
+    /// Changed, and no handle left to commit the changes: the item's task must.
+    pub fn unsaved_orphan(&self) -> bool {
+        self.life == Life::Live && self.handles == 0 && self.dirty()
+    }
+
+    /// Whether the item's task has work: a version to upload, or changes to save.
+    pub fn has_work(&self) -> bool {
+        self.life == Life::Live && (self.pending.is_some() || self.unsaved_orphan())
+    }
+
     /// Bytes this item keeps on the cache disk.
     pub fn staged_bytes(&self, work_size: u64) -> u64 {
         match &self.pending {

@@ -103,12 +103,11 @@ impl UploadSource {
     /// Reads `range` off the runtime's worker threads.
     pub async fn read(&self, range: Range<u64>) -> StoreResult<Bytes> {
         let file = self.file.clone();
-        tokio::task::spawn_blocking(move || {
+        crate::platform::blocking(move || {
             let mut buf = vec![0u8; (range.end - range.start) as usize];
             crate::platform::read_exact_at(&file, &mut buf, range.start).map(|_| Bytes::from(buf))
         })
         .await
-        .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("read task failed: {e}")))?
         .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("reading staged data: {e}")))
     }
 }

@@ -28,6 +28,8 @@ enum Step {
     /// Not yet time (or paused): wait to be woken, or until this instant.
     Wait(Option<tokio::time::Instant>),
     Upload(Box<Prepared>),
+    /// Save changes left by handles whose last commit failed.
+    Commit,
 }
 
 struct Prepared {
@@ -39,7 +41,7 @@ struct Prepared {
 impl<S: ObjectStore> WriteBack<S> {
     /// Starts the item's upload task unless one runs. The caller holds the item's lock.
     pub(super) fn ensure_task(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut super::item::Item) {
-        if it.sched.task || it.life != Life::Live || it.pending.is_none() {
+        if it.sched.task || !it.has_work() {
             return;
         }
         it.sched.task = true;
@@ -64,17 +66,18 @@ impl<S: ObjectStore> WriteBack<S> {
                     None => woken.await,
                 },
                 Step::Upload(p) => self.attempt(&shared, *p).await,
+                Step::Commit => self.commit_orphan(&shared).await,
             }
         }
     }
 
     async fn next_step(&self, shared: &Arc<Shared>) -> Step {
         let mut it = shared.item.lock().await;
-        let Some(v) = it.pending.clone().filter(|_| it.life == Life::Live) else {
+        if !it.has_work() {
             it.sched.task = false;
             self.retire_if_settled(shared, &mut it);
             return Step::Done;
-        };
+        }
         if it.sched.paused > 0 {
             return Step::Wait(None);
         }
@@ -83,6 +86,9 @@ impl<S: ObjectStore> WriteBack<S> {
             None => return Step::Wait(None),
             Some(_) => {}
         }
+        let Some(v) = it.pending.clone().filter(|_| !it.unsaved_orphan()) else {
+            return Step::Commit;
+        };
         let mut opts = WriteOptions {
             content_type: Some(content_type(&it.key)),
             metadata: v.metadata.clone(),
@@ -253,6 +259,26 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         self.retire_if_settled(shared, &mut it);
+        drop(it);
+        self.finish_attempt(shared);
+    }
+
+    /// Saves changes whose handles are all gone (their last commit failed). A failure backs
+    /// off; changes whose base object vanished can never be completed and are dropped.
+    async fn commit_orphan(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let result = self.commit(&super::item::ItemRef(shared.clone())).await;
+        let mut it = shared.item.lock().await;
+        match result {
+            Ok(()) => it.sched.succeeded(),
+            Err(crate::error::FsError::Stale) | Err(crate::error::FsError::NotFound) => {
+                tracing::error!(key = %it.key, "changes to a file whose object was replaced or deleted meanwhile could not be completed; they are dropped");
+                it.committed = it.edits;
+            }
+            Err(e) => {
+                let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
+                tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "could not save a file's last changes yet");
+            }
+        }
         drop(it);
         self.finish_attempt(shared);
     }

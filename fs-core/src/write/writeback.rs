@@ -496,6 +496,12 @@ impl<S: ObjectStore> WriteBack<S> {
             it.work_named = true;
         }
         let old = it.pending.take();
+        if let Some(o) = &old {
+            // An upload of the superseded version may have landed unseen (in flight now, or
+            // its answer lost): the new record remembers it, so that finding it in the bucket
+            // after a crash is not taken for someone else's write.
+            it.note_maybe_landed(o);
+        }
         let progress = match &old {
             // Appended to: parts of the older version may still hold this one's bytes (each is
             // checked before it is reused).
@@ -653,13 +659,20 @@ impl<S: ObjectStore> WriteBack<S> {
             item.0.open.store(it.handles, Ordering::SeqCst);
             it.handles == 0
         };
-        if last {
-            if let Err(e) = self.commit(item).await {
-                let key = item.0.item.lock().await.key.clone();
-                tracing::error!(key = %key, error = %e, "could not save changes made after the file's last flush");
-            }
-        }
+        let failed = if last {
+            self.commit(item).await.err()
+        } else {
+            None
+        };
         let mut it = item.0.item.lock().await;
+        if let Some(e) = failed {
+            // Nobody will close this file again: its task keeps trying to save the changes
+            // (the bytes it still needs may be unreachable right now), with backoff.
+            tracing::warn!(key = %it.key, error = %e, "could not save the file's last changes yet; will retry");
+            it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
+            it.sched.due_in(Duration::ZERO);
+            self.ensure_task(&item.0, &mut it);
+        }
         if it.handles == 0 {
             it.work.close_fd();
         }
@@ -855,7 +868,7 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut failed = 0;
             for shared in &items {
                 let mut it = shared.item.lock().await;
-                if it.life == Life::Live && it.pending.is_some() {
+                if it.life == Life::Live && (it.pending.is_some() || it.unsaved_orphan()) {
                     pending += 1;
                     if it.sched.failures > 0 {
                         failed += 1;
