@@ -59,7 +59,7 @@ fn a_staged_file_works_offline() {
     fs_core::store::retry::seed_jitter(Some(5));
     let tmp = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let mut wcfg = write_config(tmp.path().join("cache"), &scenario_params(0));
+    let mut wcfg = write_config(tmp.path().join("cache"), &scenario_params(100));
     // Long retry delays: no upload attempt runs during the calls under test, so every
     // request counted there is theirs.
     wcfg.retry_initial = Duration::from_secs(3600);
@@ -69,9 +69,10 @@ fn a_staged_file_works_offline() {
         let _g = rt.enter();
         Filesystem::with_write(store.clone(), mount_config(), wcfg).unwrap()
     };
-    store.set_offline(true);
+    // Written and closed while the link is up; the link dies before its upload runs.
     let v1 = pattern(100_000, 1);
     write_new(&rt, &fs, "notes.txt", &v1);
+    store.set_offline(true);
     block(&rt, async {
         tokio::time::sleep(Duration::from_secs(1)).await
     });
@@ -130,7 +131,10 @@ fn a_staged_file_works_offline() {
     });
     // Once the link is back, the new content goes up.
     store.set_offline(false);
-    let left = block(&rt, fs.drain(false));
+    // The next attempt may wait out the whole retry delay (an hour, set above).
+    let left = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(7200), fs.drain(false)).await })
+        .unwrap_or(usize::MAX);
     if left != 0 || store.object_bytes("notes.txt").as_deref() != Some(&v2[..]) {
         problems.push(format!(
             "after the link came back: drain left {left}, bucket holds {}",
@@ -160,12 +164,12 @@ fn failing_uploads_back_off_while_draining() {
         Filesystem::with_write(
             store.clone(),
             mount_config(),
-            write_config(tmp.path().join("cache"), &scenario_params(0)),
+            write_config(tmp.path().join("cache"), &scenario_params(100)),
         )
         .unwrap()
     };
-    store.set_offline(true);
     write_new(&rt, &fs, "f", b"data");
+    store.set_offline(true);
     let before = store.counts.write.load(std::sync::atomic::Ordering::SeqCst);
     let window = Duration::from_secs(10);
     let drained = rt.block_on(async { tokio::time::timeout(window, fs.drain(false)).await });
