@@ -5,7 +5,9 @@
 //! retry is logged at `warn` so users can see why an operation is slow.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use rand::{Rng, SeedableRng};
 
