@@ -334,8 +334,11 @@ impl Sim {
         // The cache directory's tag names its temporary parts, and the bucket's fault decisions
         // hash the key: a random tag would make them differ from run to run.
         std::fs::create_dir_all(&cache_dir).expect("the cache directory");
-        std::fs::write(cache_dir.join("mount-id"), format!("{:016x}", mix(seed, 0x7a9)))
-            .expect("the cache directory's tag");
+        std::fs::write(
+            cache_dir.join("mount-id"),
+            format!("{:016x}", mix(seed, 0x7a9)),
+        )
+        .expect("the cache directory's tag");
         let store = Arc::new(MemoryStore::new());
         // The bucket retries transient failures per request, as GcsStore does: what reaches
         // the core is a lost answer followed by a retry that finds its own effect (a

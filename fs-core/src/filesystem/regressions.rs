@@ -252,3 +252,29 @@ async fn lost_answers_make_no_conflict_copies() {
         }
     }
 }
+
+/// A directory renamed away can be made again at once: nothing of the old name lingers in the
+/// caches, and the files being written under it follow it.
+#[tokio::test]
+async fn a_directory_renamed_away_can_be_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, &dir.path().join("c"), Duration::from_secs(3600));
+    let d1 = fs.mkdir(ROOT_INO, "d1").await.unwrap();
+    let (_, h) = fs.create(d1.ino, "a").await.unwrap();
+    fs.write(h.fh, 0, b"staged").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    // Looked at through the kernel's eyes before the rename.
+    fs.lookup(ROOT_INO, "d1").await.unwrap();
+    fs.lookup(d1.ino, "a").await.unwrap();
+    fs.rename(ROOT_INO, "d1", ROOT_INO, "d3").await.unwrap();
+    assert_eq!(
+        fs.lookup(ROOT_INO, "d1").await.unwrap_err(),
+        FsError::NotFound
+    );
+    fs.mkdir(ROOT_INO, "d1").await.unwrap();
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("d3/a").unwrap()[..], b"staged");
+    assert!(store.object_bytes("d1/a").is_none());
+}

@@ -66,6 +66,7 @@ impl MetaCache {
             stat: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
+                .support_invalidation_closures()
                 .build(),
             negative: Cache::builder()
                 .max_capacity(capacity)
@@ -163,10 +164,23 @@ impl MetaCache {
         let p = path.to_string();
         let pred = move |k: &String| *k == p || k.starts_with(&dir);
         let (pred2, pred3, pred4) = (pred.clone(), pred.clone(), pred.clone());
-        let _ = self.stat.invalidate_entries_if(move |k, _| pred(k));
-        let _ = self.negative.invalidate_entries_if(move |k, _| pred2(k));
-        let _ = self.listed.invalidate_entries_if(move |k, _| pred3(k));
-        let _ = self.recent.invalidate_entries_if(move |k, _| pred4(k));
+        // Each cache is built with invalidation closures, so these cannot fail; one that did
+        // would leave a removed name answering for up to a TTL.
+        let results = [
+            self.stat.invalidate_entries_if(move |k, _| pred(k)).err(),
+            self.negative
+                .invalidate_entries_if(move |k, _| pred2(k))
+                .err(),
+            self.listed
+                .invalidate_entries_if(move |k, _| pred3(k))
+                .err(),
+            self.recent
+                .invalidate_entries_if(move |k, _| pred4(k))
+                .err(),
+        ];
+        for e in results.into_iter().flatten() {
+            tracing::error!(error = %e, "a cache could not forget a removed tree");
+        }
         // The parent's listing keeps vouching for other names; this one is asked about again.
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().insert(name.to_string());
@@ -177,6 +191,25 @@ impl MetaCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A renamed or removed tree is forgotten at once by every cache: the directory itself
+    /// and everything under it.
+    #[test]
+    fn a_forgotten_tree_is_gone_from_every_cache() {
+        let c = MetaCache::new(100, Duration::from_secs(60), Duration::from_secs(60));
+        c.insert("d", Entry::Dir);
+        c.insert("d/x", Entry::Dir);
+        c.insert_missing("d/gone");
+        c.insert("dd", Entry::Dir);
+        c.invalidate_tree("d");
+        assert!(c.get("d").is_none());
+        assert!(c.get("d/x").is_none());
+        assert!(c.get("d/gone").is_none());
+        assert!(
+            matches!(c.get("dd"), Some(Some(Entry::Dir))),
+            "a sibling stays"
+        );
+    }
 
     #[test]
     fn positive_and_negative_replace_each_other() {
