@@ -135,6 +135,29 @@ pub fn user_cache_base() -> std::path::PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache"))
 }
 
+/// Raises the soft limit on open descriptors to the hard limit. Each concurrent upload, open
+/// file and HTTP connection holds one, and the default soft limit (often 1,024) is far below
+/// what a busy mount needs. A no-op where there is no such limit.
+pub fn raise_fd_limit() {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain syscalls on a struct we own.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+                let old = lim.rlim_cur;
+                lim.rlim_cur = lim.rlim_max;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    tracing::debug!(from = old, to = lim.rlim_max, "raised the open-file limit");
+                }
+            }
+        }
+    }
+}
+
 thread_local! {
     /// Set by the deterministic simulation: blocking calls run inline on the calling thread, so
     /// one seed always gives one schedule.

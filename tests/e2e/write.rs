@@ -516,3 +516,47 @@ fn unmount_waits_for_uploads_unless_told_not_to() -> Result<()> {
     wait_for_object(&emu, "unmount", "later", &sha256(&later), 60)?;
     m.unmount()
 }
+
+/// Writes through a shared mapping reach bucketdrive after the file's last `close()` (the
+/// kernel writes the dirty pages back when the mapping goes): they are saved when the last
+/// reference is released, and uploaded.
+#[test]
+fn writes_through_a_shared_mapping_after_close_are_uploaded() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let emu = setup("mmap")?;
+    let m = Mount::new(&emu, "mmap", &["--write-back-delay", "0s"])?;
+    let path = m.path().join("mapped");
+    let len = 3 * MIB;
+    let mut want = random_bytes(len, 77);
+    std::fs::write(&path, &want)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    // SAFETY: a fresh shared mapping of a file we own, unmapped below before it goes away.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    // The descriptor is closed (its flush finds nothing dirty); the mapping still holds the
+    // file open.
+    drop(f);
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, len) };
+    let patch = random_bytes(10_000, 78);
+    for at in [0usize, MIB + 123, len - patch.len()] {
+        bytes[at..at + patch.len()].copy_from_slice(&patch);
+        want[at..at + patch.len()].copy_from_slice(&patch);
+    }
+    // SAFETY: the mapping made above, of `len` bytes, no longer used.
+    unsafe { libc::munmap(map, len) };
+    wait_for_object(&emu, "mmap", "mapped", &sha256(&want), 60)?;
+    assert_eq!(sha256(&std::fs::read(&path)?), sha256(&want));
+    m.unmount()
+}

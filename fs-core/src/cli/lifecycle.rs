@@ -41,6 +41,7 @@ pub fn open_filesystem(
         common.anonymous,
     );
     tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
+    crate::platform::raise_fd_limit();
     let store = rt
         .block_on(GcsStore::connect(bucket, &opts))
         .map_err(|e| e.message)?;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
+use crate::store::{ObjectStore, Posix, MTIME_KEY, SYMLINK_KEY};
 use crate::write::upload::UploadConfig;
 
 fn wcfg(dir: &std::path::Path, delay_ms: u64) -> WriteConfig {
@@ -24,11 +25,11 @@ fn writable(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Filesystem<Memor
     Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wcfg(dir, 0)).unwrap()
 }
 
-const W: OpenMode = OpenMode {
+pub(super) const W: OpenMode = OpenMode {
     write: true,
     truncate: false,
 };
-const WT: OpenMode = OpenMode {
+pub(super) const WT: OpenMode = OpenMode {
     write: true,
     truncate: true,
 };
@@ -41,7 +42,7 @@ async fn write_file(fs: &Filesystem<MemoryStore>, parent: Ino, name: &str, data:
     attr.ino
 }
 
-async fn read_all(fs: &Filesystem<MemoryStore>, ino: Ino) -> Vec<u8> {
+pub(super) async fn read_all(fs: &Filesystem<MemoryStore>, ino: Ino) -> Vec<u8> {
     let h = fs.open(ino, OpenMode::default()).await.unwrap();
     let mut out = Vec::new();
     loop {
@@ -323,14 +324,23 @@ fn journal_replay_uploads_what_a_crash_left_behind() {
             for (name, data) in &files {
                 write_file(&fs, ROOT_INO, name, data).await;
             }
-            // A part-way composite upload, as if the crash hit mid-upload.
-            store.insert(&format!("{TEMP_DIR}/0000000000000099-1/00000"), "orphan");
+            // A part-way composite upload of ours, as if the crash hit mid-upload, and one of
+            // another mount of the same bucket, in flight right now.
+            let tag = std::fs::read_to_string(dir.path().join("c/mount-id")).unwrap();
+            store.insert(
+                &format!("{TEMP_DIR}/{tag}/0000000000000001-1/00000"),
+                "orphan",
+            );
+            store.insert(
+                &format!("{TEMP_DIR}/0123456789abcdef/0000000000000001-1/00000"),
+                "theirs",
+            );
         });
         rt.shutdown_timeout(Duration::from_secs(5)); // the crash: pending upload tasks vanish
     }
     assert_eq!(
         store.keys().len(),
-        1,
+        2,
         "nothing was uploaded before the crash"
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -348,9 +358,16 @@ fn journal_replay_uploads_what_a_crash_left_behind() {
             "{name}"
         );
     }
-    assert!(
-        store.keys().iter().all(|k| !k.starts_with(TEMP_DIR)),
-        "orphaned parts removed"
+    assert_eq!(
+        store
+            .keys()
+            .into_iter()
+            .filter(|k| k.starts_with(TEMP_DIR))
+            .collect::<Vec<_>>(),
+        vec![format!(
+            "{TEMP_DIR}/0123456789abcdef/0000000000000001-1/00000"
+        )],
+        "our orphaned part removed, another mount's fresh part kept"
     );
     let journal = fs_core_journal(&dir.path().join("c/journal"));
     assert_eq!(

@@ -5,13 +5,25 @@
 //! depends on them is tested here. Like a bucket without versioning, only the live generation of
 //! each name is kept: reading a replaced generation fails with `NotFound`.
 //!
-//! It also counts requests by kind and can inject transient failures, so tests can assert what
-//! reached the "network".
+//! It also counts requests by kind and can inject faults, so tests can assert what reached the
+//! "network" and simulations can run the filesystem over a flaky link:
+//!
+//! - [`MemoryStore::fail_next`]: the next `n` requests fail with a transient error.
+//! - [`MemoryStore::set_faults`]: each request fails before its effect, or has its effect and then
+//!   fails (a lost response: the bucket acted, the client never heard), or succeeds, and may be
+//!   delayed before and after its effect (on tokio's clock, so a paused clock keeps it instant
+//!   and reproducible). Each decision is a hash of the seed, the operation, the key and how many
+//!   requests of that operation on that key came before, so it does not depend on how requests
+//!   to other keys interleave.
+//! - [`MemoryStore::set_offline`]: every request fails before its effect (a dead link).
+//!
+//! Every effect is applied at one point under the lock, so a request whose future is dropped
+//! part-way either happened whole or not at all.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -56,6 +68,82 @@ impl RequestCounts {
     }
 }
 
+/// Random faults for every request (see [`MemoryStore::set_faults`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultConfig {
+    /// Decisions are a function of this seed and the request, nothing else.
+    pub seed: u64,
+    /// Probability that a request fails with a transient error before having any effect.
+    pub fail_before: f64,
+    /// Probability that a request has its effect and then fails with a transient error.
+    pub fail_after: f64,
+    /// Each request waits a random `0..=max_delay` before its effect and again after it
+    /// (`tokio::time::sleep`); concurrent requests are reordered by it.
+    pub max_delay: Duration,
+}
+
+impl FaultConfig {
+    /// No failures, only delays.
+    pub fn delays(seed: u64, max_delay: Duration) -> Self {
+        FaultConfig {
+            seed,
+            fail_before: 0.0,
+            fail_after: 0.0,
+            max_delay,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    config: Option<FaultConfig>,
+    offline: bool,
+    /// Requests seen so far per (operation, key): the index of the next decision for it.
+    seen: HashMap<(&'static str, String), u64>,
+}
+
+/// What happens to one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Plan {
+    delay_before: Duration,
+    fail_before: bool,
+    delay_after: Duration,
+    fail_after: bool,
+}
+
+impl Plan {
+    fn decide(cfg: &FaultConfig, op: &str, key: &str, n: u64) -> Plan {
+        // FNV-1a over the operation and key, then splitmix64 with the seed and the index.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in op.bytes().chain([0xff]).chain(key.bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let base = mix(mix(cfg.seed ^ h) ^ n);
+        let unit = |salt: u64| (mix(base ^ salt) >> 11) as f64 / (1u64 << 53) as f64;
+        let max_us = cfg.max_delay.as_micros() as u64;
+        let delay = |salt: u64| Duration::from_micros(mix(base ^ salt) % (max_us + 1));
+        let u = unit(1);
+        Plan {
+            delay_before: delay(2),
+            fail_before: u < cfg.fail_before,
+            delay_after: delay(3),
+            fail_after: u >= cfg.fail_before && u < cfg.fail_before + cfg.fail_after,
+        }
+    }
+}
+
+/// splitmix64's finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn transient(message: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Transient, message)
+}
+
 /// An in-memory bucket.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -64,6 +152,7 @@ pub struct MemoryStore {
     next_generation: AtomicI64,
     /// The next this-many requests fail with a transient error.
     fail_next: AtomicU64,
+    faults: Mutex<Faults>,
     pub counts: RequestCounts,
 }
 
@@ -91,6 +180,26 @@ impl MemoryStore {
         self.fail_next.store(n, Ordering::SeqCst);
     }
 
+    /// Injects random faults and delays into every request from now on (`None`: none).
+    pub fn set_faults(&self, config: Option<FaultConfig>) {
+        self.faults.lock().config = config;
+    }
+
+    /// The faults in effect.
+    pub fn faults(&self) -> Option<FaultConfig> {
+        self.faults.lock().config
+    }
+
+    /// Takes the link down (`true`): every request fails with a transient error before having
+    /// any effect. Requests are still counted.
+    pub fn set_offline(&self, offline: bool) {
+        self.faults.lock().offline = offline;
+    }
+
+    pub fn is_offline(&self) -> bool {
+        self.faults.lock().offline
+    }
+
     /// The bytes of the live object `key`, if any.
     pub fn object_bytes(&self, key: &str) -> Option<Bytes> {
         self.objects.lock().get(key).map(|s| s.data.clone())
@@ -101,19 +210,49 @@ impl MemoryStore {
         self.objects.lock().keys().cloned().collect()
     }
 
-    fn injected_failure(&self) -> StoreResult<()> {
+    /// The part of a request before its effect: `fail_next`, the link, the fault plan's first
+    /// delay and failure. The request was counted already.
+    async fn begin(&self, op: &'static str, key: &str) -> StoreResult<Plan> {
         let took = self
             .fail_next
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if took {
-            Err(StoreError::new(
-                StoreErrorKind::Transient,
-                "injected transient failure",
-            ))
-        } else {
-            Ok(())
+            return Err(transient("injected transient failure"));
         }
+        let plan = {
+            let mut f = self.faults.lock();
+            if f.offline {
+                return Err(transient("injected: offline"));
+            }
+            match f.config {
+                None => Plan::default(),
+                Some(cfg) => {
+                    let n = f.seen.entry((op, key.to_string())).or_insert(0);
+                    let plan = Plan::decide(&cfg, op, key, *n);
+                    *n += 1;
+                    plan
+                }
+            }
+        };
+        if !plan.delay_before.is_zero() {
+            tokio::time::sleep(plan.delay_before).await;
+        }
+        if plan.fail_before {
+            return Err(transient("injected transient failure before the request"));
+        }
+        Ok(plan)
+    }
+
+    /// The part of a request after its effect: the second delay, and a lost response.
+    async fn end<T>(&self, plan: Plan, result: StoreResult<T>) -> StoreResult<T> {
+        if !plan.delay_after.is_zero() {
+            tokio::time::sleep(plan.delay_after).await;
+        }
+        if plan.fail_after {
+            return Err(transient("injected: the response was lost"));
+        }
+        result
     }
 
     fn check(objects: &BTreeMap<String, Stored>, key: &str, pre: Precondition) -> StoreResult<()> {
@@ -140,6 +279,18 @@ impl MemoryStore {
         pre: Precondition,
         opts: &WriteOptions,
     ) -> StoreResult<ObjectMeta> {
+        self.commit_locked(&mut self.objects.lock(), key, data, pre, opts)
+    }
+
+    /// Writes an object into `objects`, which the caller holds locked.
+    fn commit_locked(
+        &self,
+        objects: &mut BTreeMap<String, Stored>,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
         if key.is_empty() || key.len() > 1024 {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidArgument,
@@ -155,8 +306,7 @@ impl MemoryStore {
                 ));
             }
         }
-        let mut objects = self.objects.lock();
-        Self::check(&objects, key, pre)?;
+        Self::check(objects, key, pre)?;
         let meta = ObjectMeta {
             key: key.to_string(),
             generation: self.next_generation.fetch_add(1, Ordering::SeqCst),
@@ -182,25 +332,192 @@ impl MemoryStore {
 impl ObjectStore for MemoryStore {
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.counts.head.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        self.objects
+        let plan = self.begin("head", key).await?;
+        let result = self
+            .objects
             .lock()
             .get(key)
             .map(|s| s.meta.clone())
-            .ok_or_else(|| StoreError::not_found(key))
+            .ok_or_else(|| StoreError::not_found(key));
+        self.end(plan, result).await
     }
 
     async fn list(&self, req: &ListRequest) -> StoreResult<ListPage> {
         self.counts.list.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
+        let plan = self.begin("list", &req.prefix).await?;
+        let page = Self::list_page(&self.objects.lock(), req);
+        self.end(plan, Ok(page)).await
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        generation: i64,
+        range: Range<u64>,
+    ) -> StoreResult<ByteStream> {
+        self.counts.get.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("get", key).await?;
+        let result = Self::read(&self.objects.lock(), key, generation, range);
+        let data = self.end(plan, result).await?;
+        // Deliver in several pieces, as a network stream would.
+        let pieces: Vec<StoreResult<Bytes>> = (0..data.len())
+            .step_by(64 * 1024)
+            .map(|i| Ok(data.slice(i..(i + 64 * 1024).min(data.len()))))
+            .collect();
+        Ok(Box::pin(futures::stream::iter(pieces)))
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("put", key).await?;
+        let result = self.commit(key, data, pre, opts);
+        self.end(plan, result).await
+    }
+
+    async fn start_resumable(
+        &self,
+        key: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ResumableSession> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("start_resumable", key).await?;
+        let url = format!(
+            "memory://upload/{}",
+            self.next_generation.fetch_add(1, Ordering::SeqCst)
+        );
+        self.uploads.lock().insert(
+            url.clone(),
+            Upload {
+                key: key.to_string(),
+                pre,
+                opts: opts.clone(),
+                data: Vec::new(),
+            },
+        );
+        let session = ResumableSession {
+            key: key.to_string(),
+            url,
+        };
+        self.end(plan, Ok(session)).await
+    }
+
+    async fn upload_chunk(
+        &self,
+        session: &ResumableSession,
+        offset: u64,
+        data: Bytes,
+        total: Option<u64>,
+    ) -> StoreResult<ChunkOutcome> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("upload_chunk", &session.key).await?;
+        let result = self.chunk(session, offset, data, total);
+        self.end(plan, result).await
+    }
+
+    async fn compose(
+        &self,
+        sources: &[(String, i64)],
+        dest: &str,
+        pre: Precondition,
+        opts: &WriteOptions,
+    ) -> StoreResult<ObjectMeta> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("compose", dest).await?;
+        let result = self.compose_now(sources, dest, pre, opts);
+        self.end(plan, result).await
+    }
+
+    async fn copy(
+        &self,
+        src: &str,
+        src_generation: i64,
+        dest: &str,
+        pre: Precondition,
+    ) -> StoreResult<ObjectMeta> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("copy", dest).await?;
+        let result = {
+            let mut objects = self.objects.lock();
+            match objects
+                .get(src)
+                .filter(|s| s.meta.generation == src_generation)
+                .cloned()
+            {
+                None => Err(StoreError::not_found(src)),
+                Some(s) => {
+                    let opts = WriteOptions {
+                        content_type: s.meta.content_type.clone(),
+                        metadata: s.meta.metadata.clone(),
+                        crc32c: None,
+                    };
+                    self.commit_locked(&mut objects, dest, s.data, pre, &opts)
+                }
+            }
+        };
+        self.end(plan, result).await
+    }
+
+    async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
+        self.counts.delete.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("delete", key).await?;
+        let result = {
+            let mut objects = self.objects.lock();
+            if objects.contains_key(key) {
+                Self::check(&objects, key, pre).map(|()| {
+                    objects.remove(key);
+                })
+            } else {
+                Err(StoreError::not_found(key))
+            }
+        };
+        self.end(plan, result).await
+    }
+
+    async fn update_metadata(
+        &self,
+        key: &str,
+        generation: i64,
+        metadata: &HashMap<String, String>,
+    ) -> StoreResult<ObjectMeta> {
+        self.counts.write.fetch_add(1, Ordering::SeqCst);
+        let plan = self.begin("update_metadata", key).await?;
+        let result = {
+            let mut objects = self.objects.lock();
+            Self::check(&objects, key, Precondition::GenerationMatch(generation))
+                .map_err(|e| match objects.contains_key(key) {
+                    true => e,
+                    false => StoreError::not_found(key),
+                })
+                .and_then(|()| {
+                    let stored = objects
+                        .get_mut(key)
+                        .ok_or_else(|| StoreError::not_found(key))?;
+                    stored.meta.metadata.extend(metadata.clone());
+                    stored.meta.metageneration += 1;
+                    stored.meta.updated = SystemTime::now();
+                    Ok(stored.meta.clone())
+                })
+        };
+        self.end(plan, result).await
+    }
+}
+
+impl MemoryStore {
+    /// One page of a listing of `objects`.
+    fn list_page(objects: &BTreeMap<String, Stored>, req: &ListRequest) -> ListPage {
         let max = req.max_results.unwrap_or(1000).max(1) as usize;
-        let objects = self.objects.lock();
         let mut page = ListPage::default();
         let mut emitted = 0;
         let mut last: Option<String> = None;
         let start = req.page_token.clone().unwrap_or_else(|| req.prefix.clone());
-        let iter = objects.range(start..);
-        for (key, stored) in iter {
+        for (key, stored) in objects.range(start..) {
             if !key.starts_with(&req.prefix) {
                 break;
             }
@@ -220,7 +537,7 @@ impl ObjectStore for MemoryStore {
             }
             if emitted == max {
                 page.next_page_token = last;
-                return Ok(page);
+                return page;
             }
             match rolled {
                 Some(p) => {
@@ -237,18 +554,16 @@ impl ObjectStore for MemoryStore {
                 }
             }
         }
-        Ok(page)
+        page
     }
 
-    async fn get_range(
-        &self,
+    /// Bytes `range` of generation `generation` of `key`.
+    fn read(
+        objects: &BTreeMap<String, Stored>,
         key: &str,
         generation: i64,
         range: Range<u64>,
-    ) -> StoreResult<ByteStream> {
-        self.counts.get.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        let objects = self.objects.lock();
+    ) -> StoreResult<Bytes> {
         let stored = objects
             .get(key)
             .filter(|s| s.meta.generation == generation)
@@ -260,65 +575,19 @@ impl ObjectStore for MemoryStore {
                 "range not satisfiable",
             ));
         }
-        let data = stored
+        Ok(stored
             .data
-            .slice(range.start as usize..range.end.min(len) as usize);
-        // Deliver in several pieces, as a network stream would.
-        let pieces: Vec<StoreResult<Bytes>> = (0..data.len())
-            .step_by(64 * 1024)
-            .map(|i| Ok(data.slice(i..(i + 64 * 1024).min(data.len()))))
-            .collect();
-        Ok(Box::pin(futures::stream::iter(pieces)))
+            .slice(range.start as usize..range.end.min(len) as usize))
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        data: Bytes,
-        pre: Precondition,
-        opts: &WriteOptions,
-    ) -> StoreResult<ObjectMeta> {
-        self.counts.write.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        self.commit(key, data, pre, opts)
-    }
-
-    async fn start_resumable(
-        &self,
-        key: &str,
-        pre: Precondition,
-        opts: &WriteOptions,
-    ) -> StoreResult<ResumableSession> {
-        self.counts.write.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        let url = format!(
-            "memory://upload/{}",
-            self.next_generation.fetch_add(1, Ordering::SeqCst)
-        );
-        self.uploads.lock().insert(
-            url.clone(),
-            Upload {
-                key: key.to_string(),
-                pre,
-                opts: opts.clone(),
-                data: Vec::new(),
-            },
-        );
-        Ok(ResumableSession {
-            key: key.to_string(),
-            url,
-        })
-    }
-
-    async fn upload_chunk(
+    /// The effect of one resumable chunk; the last one creates the object, in the same step.
+    fn chunk(
         &self,
         session: &ResumableSession,
         offset: u64,
         data: Bytes,
         total: Option<u64>,
     ) -> StoreResult<ChunkOutcome> {
-        self.counts.write.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
         let mut uploads = self.uploads.lock();
         let up = uploads
             .get_mut(&session.url)
@@ -334,115 +603,57 @@ impl ObjectStore for MemoryStore {
                 "chunk not a multiple of 256 KiB",
             ));
         }
-        up.data.extend_from_slice(&data);
         match total {
-            Some(t) if t == up.data.len() as u64 => {
-                let Some(up) = uploads.remove(&session.url) else {
-                    return Err(StoreError::new(StoreErrorKind::Other, "upload vanished"));
-                };
-                drop(uploads);
-                self.commit(&up.key, Bytes::from(up.data), up.pre, &up.opts)
+            Some(t) if t == up.data.len() as u64 + data.len() as u64 => {
+                let mut objects = self.objects.lock();
+                let mut whole = std::mem::take(&mut up.data);
+                whole.extend_from_slice(&data);
+                let (key, pre, opts) = (up.key.clone(), up.pre, up.opts.clone());
+                uploads.remove(&session.url);
+                self.commit_locked(&mut objects, &key, Bytes::from(whole), pre, &opts)
                     .map(ChunkOutcome::Done)
             }
             Some(_) => Err(StoreError::new(
                 StoreErrorKind::InvalidArgument,
                 "size does not match total",
             )),
-            None => Ok(ChunkOutcome::Incomplete {
-                persisted: up.data.len() as u64,
-            }),
+            None => {
+                up.data.extend_from_slice(&data);
+                Ok(ChunkOutcome::Incomplete {
+                    persisted: up.data.len() as u64,
+                })
+            }
         }
     }
 
-    async fn compose(
+    /// The effect of a compose: sources read and destination written under one lock.
+    fn compose_now(
         &self,
         sources: &[(String, i64)],
         dest: &str,
         pre: Precondition,
         opts: &WriteOptions,
     ) -> StoreResult<ObjectMeta> {
-        self.counts.write.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
         if sources.is_empty() || sources.len() > 32 {
             return Err(StoreError::new(
                 StoreErrorKind::InvalidArgument,
                 "compose takes 1 to 32 sources",
             ));
         }
+        let mut objects = self.objects.lock();
         let mut data = Vec::new();
-        {
-            let objects = self.objects.lock();
-            for (key, generation) in sources {
-                let s = objects
-                    .get(key)
-                    .filter(|s| s.meta.generation == *generation)
-                    .ok_or_else(|| StoreError::not_found(key))?;
-                data.extend_from_slice(&s.data);
-            }
+        for (key, generation) in sources {
+            let s = objects
+                .get(key)
+                .filter(|s| s.meta.generation == *generation)
+                .ok_or_else(|| StoreError::not_found(key))?;
+            data.extend_from_slice(&s.data);
         }
         let opts = WriteOptions {
             crc32c: None,
             ..opts.clone()
         };
-        self.commit(dest, Bytes::from(data), pre, &opts)
-    }
-
-    async fn copy(
-        &self,
-        src: &str,
-        src_generation: i64,
-        dest: &str,
-        pre: Precondition,
-    ) -> StoreResult<ObjectMeta> {
-        self.counts.write.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        let s = self
-            .objects
-            .lock()
-            .get(src)
-            .filter(|s| s.meta.generation == src_generation)
-            .cloned()
-            .ok_or_else(|| StoreError::not_found(src))?;
-        let opts = WriteOptions {
-            content_type: s.meta.content_type.clone(),
-            metadata: s.meta.metadata.clone(),
-            crc32c: None,
-        };
-        self.commit(dest, s.data, pre, &opts)
-    }
-
-    async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
-        self.counts.delete.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        let mut objects = self.objects.lock();
-        if !objects.contains_key(key) {
-            return Err(StoreError::not_found(key));
-        }
-        Self::check(&objects, key, pre)?;
-        objects.remove(key);
-        Ok(())
-    }
-
-    async fn update_metadata(
-        &self,
-        key: &str,
-        generation: i64,
-        metadata: &HashMap<String, String>,
-    ) -> StoreResult<ObjectMeta> {
-        self.counts.write.fetch_add(1, Ordering::SeqCst);
-        self.injected_failure()?;
-        let mut objects = self.objects.lock();
-        if !objects.contains_key(key) {
-            return Err(StoreError::not_found(key));
-        }
-        Self::check(&objects, key, Precondition::GenerationMatch(generation))?;
-        let stored = objects
-            .get_mut(key)
-            .ok_or_else(|| StoreError::not_found(key))?;
-        stored.meta.metadata.extend(metadata.clone());
-        stored.meta.metageneration += 1;
-        stored.meta.updated = SystemTime::now();
-        Ok(stored.meta.clone())
+        self.commit_locked(&mut objects, dest, Bytes::from(data), pre, &opts)
     }
 }
 
@@ -606,11 +817,180 @@ mod tests {
     async fn injected_failures_are_retried_by_read_range() {
         let s = MemoryStore::new();
         let m = s.insert("k", "hello");
+        // The request fails: the store's own retries are all there is (MemoryStore has none),
+        // read_range does not multiply them.
         s.fail_next(2);
+        assert!(read_range(&s, "k", m.generation, 1..4).await.is_err());
+        assert_eq!(s.counts.get.load(Ordering::SeqCst), 1);
+        s.fail_next(0);
         assert_eq!(
             read_range(&s, "k", m.generation, 1..4).await.unwrap(),
             Bytes::from_static(b"ell")
         );
-        assert_eq!(s.counts.get.load(Ordering::SeqCst), 3);
+    }
+
+    fn faulty(seed: u64, fail_before: f64, fail_after: f64) -> FaultConfig {
+        FaultConfig {
+            seed,
+            fail_before,
+            fail_after,
+            max_delay: Duration::ZERO,
+        }
+    }
+
+    async fn put_ok(s: &MemoryStore, key: &str) -> Result<(), StoreErrorKind> {
+        s.put(
+            key,
+            Bytes::from_static(b"x"),
+            Precondition::None,
+            &WriteOptions::default(),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.kind)
+    }
+
+    #[tokio::test]
+    async fn fault_decisions_depend_only_on_seed_operation_key_and_count() {
+        let cfg = faulty(42, 0.2, 0.1);
+        let alone = MemoryStore::new();
+        alone.set_faults(Some(cfg));
+        let mixed = MemoryStore::new();
+        mixed.set_faults(Some(cfg));
+        let mut outcomes = (Vec::new(), Vec::new());
+        for i in 0..200 {
+            outcomes.0.push(put_ok(&alone, "x").await);
+            // Other keys and other operations in between change nothing for "x".
+            for _ in 0..(i % 3) {
+                let _ = put_ok(&mixed, "y").await;
+                let _ = mixed.head("x").await;
+            }
+            outcomes.1.push(put_ok(&mixed, "x").await);
+        }
+        assert_eq!(outcomes.0, outcomes.1);
+        let failed = outcomes.0.iter().filter(|r| r.is_err()).count();
+        assert!((30..=90).contains(&failed), "{failed} of 200 failed");
+        assert!(outcomes
+            .0
+            .iter()
+            .all(|r| matches!(r, Ok(()) | Err(StoreErrorKind::Transient))));
+
+        // Another seed decides differently.
+        let other = MemoryStore::new();
+        other.set_faults(Some(faulty(43, 0.2, 0.1)));
+        let mut theirs = Vec::new();
+        for _ in 0..200 {
+            theirs.push(put_ok(&other, "x").await);
+        }
+        assert_ne!(outcomes.0, theirs);
+    }
+
+    #[tokio::test]
+    async fn fail_before_has_no_effect_and_fail_after_loses_only_the_response() {
+        let s = MemoryStore::new();
+        s.insert("old", "1");
+        s.set_faults(Some(faulty(1, 1.0, 0.0)));
+        assert_eq!(put_ok(&s, "k").await, Err(StoreErrorKind::Transient));
+        let e = s.delete("old", Precondition::None).await.unwrap_err();
+        assert_eq!(e.kind, StoreErrorKind::Transient);
+        assert!(s.object_bytes("k").is_none(), "no effect");
+        assert!(s.object_bytes("old").is_some(), "no effect");
+        assert_eq!(s.counts.write.load(Ordering::SeqCst), 1, "still counted");
+        assert_eq!(s.counts.delete.load(Ordering::SeqCst), 1, "still counted");
+
+        s.set_faults(Some(faulty(1, 0.0, 1.0)));
+        assert_eq!(put_ok(&s, "k").await, Err(StoreErrorKind::Transient));
+        assert_eq!(
+            &s.object_bytes("k").unwrap()[..],
+            b"x",
+            "the write happened"
+        );
+        let e = s.delete("old", Precondition::None).await.unwrap_err();
+        assert_eq!(e.kind, StoreErrorKind::Transient);
+        assert!(s.object_bytes("old").is_none(), "the delete happened");
+        // A retry of a conditional write that did happen meets its own object.
+        let m = s.head("k").await;
+        assert_eq!(m.unwrap_err().kind, StoreErrorKind::Transient);
+        s.set_faults(None);
+        let e = s
+            .put(
+                "k",
+                Bytes::from_static(b"y"),
+                Precondition::DoesNotExist,
+                &WriteOptions::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, StoreErrorKind::PreconditionFailed);
+        assert_eq!(put_ok(&s, "k").await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn offline_fails_every_request_before_its_effect() {
+        let s = MemoryStore::new();
+        let m = s.insert("a", "hello");
+        s.set_offline(true);
+        assert!(s.is_offline());
+        assert_eq!(put_ok(&s, "b").await, Err(StoreErrorKind::Transient));
+        assert_eq!(
+            s.head("a").await.unwrap_err().kind,
+            StoreErrorKind::Transient
+        );
+        assert!(s.get_range("a", m.generation, 0..5).await.is_err());
+        assert!(s.list(&ListRequest::default()).await.is_err());
+        assert!(s.delete("a", Precondition::None).await.is_err());
+        assert_eq!(s.counts.total(), 5, "every request is counted");
+        assert_eq!(s.keys(), vec!["a"], "nothing happened");
+        s.set_offline(false);
+        assert_eq!(put_ok(&s, "b").await, Ok(()));
+        assert_eq!(s.keys(), vec!["a", "b"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delays_run_on_the_tokio_clock_and_effects_are_atomic() {
+        let s = MemoryStore::new();
+        let max = Duration::from_millis(10);
+        s.set_faults(Some(FaultConfig::delays(7, max)));
+        let start = tokio::time::Instant::now();
+        for i in 0..20 {
+            put_ok(&s, &format!("k{i}")).await.unwrap();
+        }
+        let took = start.elapsed();
+        assert!(took > Duration::ZERO && took <= max * 2 * 20, "{took:?}");
+
+        // A request dropped part-way either happened whole or not at all; with a delay on
+        // each side of the effect, both happen.
+        let (mut done, mut not_done) = (0, 0);
+        for i in 0..40u64 {
+            let p1 = s.insert(&format!("p{i}a"), "ab");
+            let p2 = s.insert(&format!("p{i}b"), "cd");
+            let dest = format!("c{i}");
+            let sources = [
+                (format!("p{i}a"), p1.generation),
+                (format!("p{i}b"), p2.generation),
+            ];
+            let opts = WriteOptions::default();
+            let compose = s.compose(&sources, &dest, Precondition::DoesNotExist, &opts);
+            let cut = Duration::from_micros(i * 500);
+            if tokio::time::timeout(cut, compose).await.is_err() {
+                match s.object_bytes(&dest) {
+                    Some(b) => {
+                        assert_eq!(&b[..], b"abcd");
+                        done += 1;
+                    }
+                    None => not_done += 1,
+                }
+            }
+        }
+        assert!(done > 0 && not_done > 0, "{done} done, {not_done} not");
+
+        // Same seed, same delays.
+        let again = MemoryStore::new();
+        again.set_faults(Some(FaultConfig::delays(7, max)));
+        let start = tokio::time::Instant::now();
+        for i in 0..20 {
+            put_ok(&again, &format!("k{i}")).await.unwrap();
+        }
+        assert_eq!(start.elapsed(), took);
     }
 }

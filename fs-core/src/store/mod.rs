@@ -301,8 +301,9 @@ pub trait ObjectStore: Send + Sync + 'static {
     ) -> StoreResult<ObjectMeta>;
 }
 
-/// Reads a whole range into memory, retrying the complete range on transient failures (a
-/// stream that breaks half-way is retried from its start, never stitched).
+/// Reads a whole range into memory. A stream that breaks half-way is retried from its start,
+/// never stitched. A failure of the request itself is not retried here: the store already
+/// retried it, and retrying around it again would multiply the attempts.
 pub async fn read_range<S: ObjectStore + ?Sized>(
     store: &S,
     key: &str,
@@ -310,10 +311,18 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
     range: Range<u64>,
 ) -> StoreResult<Bytes> {
     let want = range.end.saturating_sub(range.start);
-    retry::with_retry(retry::RetryPolicy::default(), "read_range", key, || {
+    let request_failed = parking_lot::Mutex::new(None::<StoreError>);
+    let result = retry::with_retry(retry::RetryPolicy::default(), "read_range", key, || {
         let range = range.clone();
+        let request_failed = &request_failed;
         async move {
-            let mut stream = store.get_range(key, generation, range).await?;
+            let mut stream = match store.get_range(key, generation, range).await {
+                Ok(s) => s,
+                Err(e) => {
+                    *request_failed.lock() = Some(e);
+                    return Err(StoreError::new(StoreErrorKind::Other, "request failed"));
+                }
+            };
             let mut buf = BytesMut::with_capacity(want as usize);
             while let Some(chunk) = stream.next().await {
                 buf.extend_from_slice(&chunk?);
@@ -330,7 +339,11 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
             Ok(buf.freeze())
         }
     })
-    .await
+    .await;
+    match (result, request_failed.into_inner()) {
+        (Err(_), Some(e)) => Err(e),
+        (r, _) => r,
+    }
 }
 
 /// Parses the base64 big-endian CRC32C that GCS reports.

@@ -1,8 +1,10 @@
 //! The cache directory of one mount: where staged data and the journal live.
 //!
 //! Layout: `lock` (held with an exclusive file lock for the life of the mount, so two mounts can never share
-//! one directory), `staging/<id>.data` and `journal/journal.log`. Directories are mode 0700 and
-//! files 0600: staged data is the user's data.
+//! one directory), `staging/<id>.data`, `journal/journal.log`, and `mount-id`, a random tag
+//! made once per cache directory. Temporary part objects in the bucket are named under that
+//! tag, so a mount can tell its own leftovers from another mount's in-flight work.
+//! Directories are mode 0700 and files 0600: staged data is the user's data.
 
 use crate::platform;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -12,6 +14,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct CacheDir {
     root: PathBuf,
+    tag: String,
     _lock: File,
 }
 
@@ -44,10 +47,38 @@ impl CacheDir {
                 return Err(format!("cannot lock cache directory {}: {e}", root.display()))
             }
         }
+        let tag = mount_tag(root)?;
         Ok(CacheDir {
             root: root.to_path_buf(),
+            tag,
             _lock: lock,
         })
+    }
+
+    /// This cache directory's tag: names its temporary parts in the bucket.
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// Ids of every staging file present, and the paths of files that are not staging files
+    /// of ours (left by a copy interrupted by a crash).
+    pub fn staging_ids(&self) -> std::io::Result<(Vec<u64>, Vec<PathBuf>)> {
+        let mut ids = Vec::new();
+        let mut other = Vec::new();
+        for entry in std::fs::read_dir(self.root.join("staging"))? {
+            let path = entry?.path();
+            let id = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".data"))
+                .and_then(|n| u64::from_str_radix(n, 16).ok());
+            match id {
+                Some(id) => ids.push(id),
+                None => other.push(path),
+            }
+        }
+        ids.sort_unstable();
+        Ok((ids, other))
     }
 
     pub fn root(&self) -> &Path {
@@ -67,6 +98,24 @@ impl CacheDir {
     pub fn journal_dir(&self) -> PathBuf {
         self.root.join("journal")
     }
+}
+
+/// Reads the tag of the cache directory at `root`, making one the first time.
+fn mount_tag(root: &Path) -> Result<String, String> {
+    let path = root.join("mount-id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let tag = text.trim();
+        if tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(tag.to_string());
+        }
+    }
+    let tag = format!("{:016x}", rand::random::<u64>());
+    let tmp = root.join("mount-id.tmp");
+    std::fs::write(&tmp, &tag)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .and_then(|_| platform::sync_dir(root))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(tag)
 }
 
 /// The default cache directory for a mount: under the user's cache directory, one
@@ -91,8 +140,12 @@ mod tests {
         assert_eq!(mode, 0o700);
         let err = CacheDir::open(&root).unwrap_err();
         assert!(err.contains("in use by another mount"), "{err}");
+        let tag = first.tag().to_string();
         drop(first);
-        CacheDir::open(&root).unwrap();
+        let again = CacheDir::open(&root).unwrap();
+        assert_eq!(again.tag(), tag, "the tag is kept across mounts");
+        let other = CacheDir::open(&dir.path().join("d")).unwrap();
+        assert_ne!(other.tag(), tag, "each cache directory has its own");
     }
 
     #[test]

@@ -1,17 +1,57 @@
-//! The write path's building blocks: staging on the local disk, the durable journal, and
-//! uploads.
+//! The write path: staging on the local disk, the durable journal, and uploads.
 //!
-//! `write()` lands in a sparse [`staging::StagingFile`] on the cache disk, at local-disk speed.
-//! Before `close()` or `fsync()` is acknowledged, the file's [`journal::Record`] is durable, so
-//! nothing acknowledged is lost to a crash; [`upload`] then moves it to the bucket under a
-//! generation precondition, saving a conflict copy rather than overwriting someone else's newer
-//! object. The [`cache_dir::CacheDir`] lock keeps two mounts from sharing one cache directory.
+//! `write()` lands in a sparse working copy on the cache disk, at local-disk speed. Before
+//! `close()` or `fsync()` is acknowledged the file's version is durable in the journal; the
+//! engine then moves it to the bucket under a generation precondition.
 //!
-//! These pieces are not yet wired into the facade: until they are, the mount is read-only.
+//! # Invariants
+//!
+//! Each is checked by the deterministic simulation (`fs-core/tests/sim.rs`) and the end-to-end
+//! soak (`tests/e2e/faults.rs`), and stated for users in `docs/semantics.md`.
+//!
+//! - **I1, nothing acknowledged is lost.** Every version acknowledged by `close()` or `fsync()`
+//!   ends in the bucket, or as a conflict copy, or is superseded by a later acknowledged version
+//!   of the same file, or its name was deleted or renamed by the user; across any number of
+//!   crashes. (The journal record is durable before the acknowledgement; a version's bytes are
+//!   never edited in place while it is pending; replay re-creates every record.)
+//! - **I2, never mixed.** The bucket never holds bytes no version had. Parts are checked
+//!   against the version's local bytes by CRC32C before any compose; a version that cannot be
+//!   verified starts over. After a crash mid-edit the object holds the last acknowledged
+//!   version.
+//! - **I3, removed names stay removed.** Namespace changes pause the file's uploads and wait
+//!   for any in flight; the journal follows a rename in one line, so a replay uploads under the
+//!   new name only; an unlink drops the record only after the bucket delete succeeded.
+//! - **I4, conflicts are real.** A precondition failure is checked against the object: our own
+//!   earlier write whose answer was lost is recognised by CRC32C and size.
+//! - **I5, works offline.** Opening, reading, overwriting and closing a staged file make no
+//!   bucket request.
+//! - **I6, always progresses.** The scheduler alone owns delays and backoff; a failing item
+//!   sleeps without an upload slot; missing parts mean starting over.
+//! - **I7, clean, and mounts never hurt each other.** Temporary parts are named per cache
+//!   directory; a mount removes its own leftovers at start-up and other mounts' only once old.
+//!
+//! # Modules
+//!
+//! - [`item`]: one file's state machine (working copy, pending version, life).
+//! - [`writeback`]: the engine the facade calls (open, write, commit, rename, unlink, drain).
+//! - [`scheduler`]: when an upload may start (write-back delay, backoff).
+//! - [`uploader`]: runs attempts and files their outcomes.
+//! - [`upload`]: one attempt against the bucket (single, composite, resumable).
+//! - [`journal`]: the durable log of pending versions (group commit).
+//! - [`replay`]: start-up recovery and leftover cleanup.
+//! - [`staging`], [`ranges`]: local files and which of their bytes are present.
+//! - [`space`]: `--cache-size` accounting. [`status`]: counters for `bucketdrive status`.
+//! - [`cache_dir`]: the locked cache directory and its tag.
 
 pub mod cache_dir;
+pub mod item;
 pub mod journal;
 pub mod ranges;
+pub mod replay;
+pub mod scheduler;
+pub mod space;
 pub mod staging;
+pub mod status;
 pub mod upload;
+pub mod uploader;
 pub mod writeback;

@@ -10,10 +10,23 @@
 //!   multiple of 256 KiB except the last.
 //!
 //! Every final write carries a precondition: `ifGenerationMatch=0` for a new file, the opened
-//! generation for a modified one. When it fails, the bucket's object is left as it is and the
-//! local version is written beside it as `NAME.conflict-<UTC timestamp>`. Progress (the session
-//! URL, the parts uploaded) is reported through a callback so the journal can record it and a
-//! restarted mount can reuse it.
+//! generation for a modified one. A precondition failure is checked before it is believed: a
+//! retried request whose first try landed (the answer was lost) also fails its precondition,
+//! so the object is read back, and if its CRC32C and size are those of this version (or of an
+//! earlier version of ours whose answer was lost) it is ours, not a conflict. Only an object
+//! someone else wrote makes a conflict: the bucket's object is left as it is and the local
+//! version is written beside it as `NAME.conflict-<UTC timestamp>`.
+//!
+//! **Never mixed.** The bytes of a version never change while it is uploaded (the write path
+//! copies a version before editing it), and that is checked rather than trusted: every part's
+//! CRC32C is computed from the bytes sent, parts saved by an earlier attempt are reused only if
+//! the local bytes at their range still have their CRC32C, and the parts' CRCs combined must
+//! equal the version's CRC32C before the compose that makes the object runs. Sources are pinned
+//! by generation. A compose that finds a part missing starts the upload over.
+//!
+//! Progress (the session URL, the parts uploaded) is reported through a callback so the
+//! journal can record it and a retry or a restarted mount can reuse it. Parts stay in the
+//! bucket while the saved progress lists them, and are deleted once the object is made.
 
 use std::fs::File;
 use std::ops::Range;
@@ -23,6 +36,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
+use tracing::Instrument;
 
 use super::journal::{PartRecord, UploadState};
 use crate::store::{
@@ -102,13 +116,15 @@ impl UploadSource {
 /// What to upload, and where.
 #[derive(Debug, Clone)]
 pub struct UploadJob {
-    /// Journal id, used to name temporary parts.
-    pub id: u64,
     pub key: String,
     pub precondition: Precondition,
     pub opts: WriteOptions,
-    /// CRC32C of the whole staged file.
+    /// CRC32C of the whole version.
     pub crc32c: u32,
+    /// Where this upload's temporary parts go (ends in `/`).
+    pub parts_prefix: String,
+    /// (CRC32C, size) of earlier versions of ours that may have landed unseen.
+    pub maybe_landed: Vec<(u32, u64)>,
 }
 
 /// How an upload ended.
@@ -117,6 +133,9 @@ pub enum Outcome {
     Uploaded(ObjectMeta),
     /// The precondition failed: the bucket's object was kept, and ours saved as this object.
     Conflict(ObjectMeta),
+    /// The precondition failed because an earlier upload of ours landed although its answer
+    /// was lost: the object is ours. Upload again on top of this generation.
+    Rebased(ObjectMeta),
 }
 
 /// The conflict copy's name for `key` at time `now`: `KEY.conflict-20261129T231500Z`.
@@ -125,6 +144,14 @@ pub fn conflict_key(key: &str, now: SystemTime) -> String {
         .to_string()
         .replace(['-', ':'], "");
     format!("{key}.conflict-{stamp}")
+}
+
+/// The error of an upload whose local bytes do not match the version's CRC32C.
+fn changed_under_us(what: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Other,
+        format!("the staged bytes do not match the version being uploaded ({what}); starting over"),
+    )
 }
 
 /// Uploads `src` as `job` describes, reusing what `resume` says was already done, and reporting
@@ -142,39 +169,12 @@ pub async fn upload<S: ObjectStore + ?Sized>(
         ..job.opts.clone()
     };
     let span = tracing::info_span!("upload", key = %job.key, size = src.size());
-    let _enter = span.enter();
-    match upload_to(store, src, job, cfg, &opts, resume, on_progress).await {
-        Ok(meta) => Ok(Outcome::Uploaded(meta)),
-        Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
-            let saved_as = conflict_key(&job.key, SystemTime::now());
-            tracing::error!(
-                key = %job.key,
-                saved_as = %saved_as,
-                "the object changed in the bucket since it was opened: keeping the bucket's version, saving ours beside it"
-            );
-            let alt = UploadJob {
-                key: saved_as,
-                precondition: Precondition::DoesNotExist,
-                ..job.clone()
-            };
-            let meta = upload_to(
-                store,
-                src,
-                &alt,
-                cfg,
-                &opts,
-                &UploadState::Staged,
-                on_progress,
-            )
-            .await?;
-            Ok(Outcome::Conflict(meta))
-        }
-        Err(e) => Err(e),
-    }
+    upload_in_span(store, src, job, cfg, &opts, resume, on_progress)
+        .instrument(span)
+        .await
 }
 
-/// Uploads with the strategy the size and mode call for.
-async fn upload_to<S: ObjectStore + ?Sized>(
+async fn upload_in_span<S: ObjectStore + ?Sized>(
     store: &S,
     src: &UploadSource,
     job: &UploadJob,
@@ -182,45 +182,158 @@ async fn upload_to<S: ObjectStore + ?Sized>(
     opts: &WriteOptions,
     resume: &UploadState,
     on_progress: &(dyn Fn(UploadState) + Sync),
-) -> StoreResult<ObjectMeta> {
+) -> StoreResult<Outcome> {
     if src.size() < cfg.single_shot_threshold {
-        return upload_single(store, src, &job.key, job.precondition, opts).await;
+        let data = src.read(0..src.size()).await?;
+        if crc32c::crc32c(&data) != job.crc32c {
+            return Err(changed_under_us("single request"));
+        }
+        return finalize(store, job, src.size(), |key, pre| {
+            let data = data.clone();
+            async move { store.put(&key, data, pre, opts).await }
+        })
+        .await;
     }
     match cfg.mode {
         UploadMode::Composite => {
             upload_composite(store, src, job, cfg, opts, resume, on_progress).await
         }
         UploadMode::Resumable => {
-            upload_resumable(
-                store,
-                src,
-                &job.key,
-                job.precondition,
-                cfg,
-                opts,
-                resume,
-                on_progress,
-            )
+            if crc_of(src, 0..src.size()).await? != job.crc32c {
+                return Err(changed_under_us("resumable"));
+            }
+            let session = match resume {
+                UploadState::Uploading {
+                    session_url: Some(url),
+                    ..
+                } => Some(url.clone()),
+                _ => None,
+            };
+            finalize(store, job, src.size(), |key, pre| {
+                // A saved session belongs to the object's own name and precondition.
+                let session = session.clone().filter(|_| key == job.key);
+                async move {
+                    upload_resumable(store, src, &key, pre, cfg, opts, session, on_progress).await
+                }
+            })
             .await
         }
     }
 }
 
-async fn upload_single<S: ObjectStore + ?Sized>(
+/// Makes the object with `write(key, precondition)`, and sorts out a precondition failure:
+/// our own earlier write (its answer lost), or someone else's (a conflict copy is saved).
+async fn finalize<S, F, Fut>(
     store: &S,
-    src: &UploadSource,
-    key: &str,
-    pre: Precondition,
-    opts: &WriteOptions,
-) -> StoreResult<ObjectMeta> {
-    let data = src.read(0..src.size()).await?;
-    store.put(key, data, pre, opts).await
+    job: &UploadJob,
+    size: u64,
+    write: F,
+) -> StoreResult<Outcome>
+where
+    S: ObjectStore + ?Sized,
+    F: Fn(String, Precondition) -> Fut,
+    Fut: std::future::Future<Output = StoreResult<ObjectMeta>>,
+{
+    let err = match write(job.key.clone(), job.precondition).await {
+        Ok(meta) => return Ok(Outcome::Uploaded(meta)),
+        Err(e) if e.kind == StoreErrorKind::PreconditionFailed => e,
+        Err(e) => return Err(e),
+    };
+    let is = |m: &ObjectMeta, crc: u32, len: u64| m.crc32c == Some(crc) && m.size == len;
+    match store.head(&job.key).await {
+        Ok(m) if is(&m, job.crc32c, size) => {
+            tracing::info!(key = %job.key, "precondition failed on our own earlier write (its answer was lost): already uploaded");
+            return Ok(Outcome::Uploaded(m));
+        }
+        Ok(m) if job.maybe_landed.iter().any(|&(c, l)| is(&m, c, l)) => {
+            tracing::info!(key = %job.key, "the object is an earlier upload of ours whose answer was lost; uploading on top of it");
+            return Ok(Outcome::Rebased(m));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind == StoreErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let saved_as = conflict_key(&job.key, SystemTime::now());
+    tracing::error!(
+        key = %job.key,
+        saved_as = %saved_as,
+        error = %err,
+        "the object changed in the bucket since it was opened: keeping the bucket's version, saving ours beside it"
+    );
+    match write(saved_as.clone(), Precondition::DoesNotExist).await {
+        Ok(meta) => Ok(Outcome::Conflict(meta)),
+        Err(e) if e.kind == StoreErrorKind::PreconditionFailed => match store.head(&saved_as).await
+        {
+            Ok(m) if is(&m, job.crc32c, size) => Ok(Outcome::Conflict(m)),
+            _ => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// CRC32C of `range` of the source, read in blocks of at most 8 MiB.
+async fn crc_of(src: &UploadSource, range: Range<u64>) -> StoreResult<u32> {
+    let mut crc = 0u32;
+    let mut pos = range.start;
+    while pos < range.end {
+        let end = (pos + (8 << 20)).min(range.end);
+        crc = crc32c::crc32c_append(crc, &src.read(pos..end).await?);
+        pos = end;
+    }
+    Ok(crc)
 }
 
 /// Part size for `size` bytes: at least the configured size, and large enough that the parts
 /// never exceed 1,024 (which keeps the compose tree at most two levels deep).
 fn part_size_for(size: u64, cfg: &UploadConfig) -> u64 {
     cfg.part_size.max(size.div_ceil(1024)).max(1)
+}
+
+/// Deletes temporary objects, as many at once as parts go up (one at a time, 32 deletes cost
+/// as much as a part). What cannot be deleted is removed at the next mount.
+pub(super) async fn delete_all<S: ObjectStore + ?Sized>(
+    store: &S,
+    keys: Vec<String>,
+    concurrency: usize,
+) {
+    futures::stream::iter(keys)
+        .for_each_concurrent(concurrency.max(1), |key| async move {
+            if let Err(e) = store.delete(&key, Precondition::None).await {
+                if e.kind != StoreErrorKind::NotFound {
+                    tracing::warn!(key, error = %e, "could not delete a temporary part; it will be removed at the next mount");
+                }
+            }
+        })
+        .await;
+}
+
+/// Parts saved by an earlier attempt that still hold the local bytes of this version at their
+/// range; the others are returned to be deleted.
+async fn reusable_parts(
+    src: &UploadSource,
+    resume: &UploadState,
+    part: u64,
+) -> StoreResult<(Vec<PartRecord>, Vec<String>)> {
+    let UploadState::Uploading { parts, .. } = resume else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let size = src.size();
+    let mut keep: Vec<PartRecord> = Vec::new();
+    let mut stale = Vec::new();
+    for p in parts {
+        let offset = u64::from(p.index) * part;
+        let len = part.min(size.saturating_sub(offset));
+        let fits = p.offset == offset
+            && p.len == len
+            && len > 0
+            && !keep.iter().any(|k| k.index == p.index);
+        if fits && crc_of(src, offset..offset + len).await? == p.crc32c {
+            keep.push(p.clone());
+        } else {
+            stale.push(p.key.clone());
+        }
+    }
+    Ok((keep, stale))
 }
 
 async fn upload_composite<S: ObjectStore + ?Sized>(
@@ -231,24 +344,26 @@ async fn upload_composite<S: ObjectStore + ?Sized>(
     opts: &WriteOptions,
     resume: &UploadState,
     on_progress: &(dyn Fn(UploadState) + Sync),
-) -> StoreResult<ObjectMeta> {
+) -> StoreResult<Outcome> {
     let size = src.size();
     let part = part_size_for(size, cfg);
     let count = size.div_ceil(part) as u32;
-    let prefix = format!(
-        "{}{:016x}-{}/",
-        cfg.temp_prefix,
-        job.id,
-        crc32c::crc32c(job.key.as_bytes())
-    );
-    let done: Mutex<Vec<PartRecord>> = Mutex::new(match resume {
-        UploadState::Uploading { parts, .. } => parts
-            .iter()
-            .filter(|p| p.index < count && p.key.starts_with(&prefix))
-            .cloned()
-            .collect(),
-        _ => Vec::new(),
-    });
+    let report = |parts: Vec<PartRecord>| {
+        on_progress(UploadState::Uploading {
+            session_url: None,
+            parts,
+        })
+    };
+    let (reused, stale) = reusable_parts(src, resume, part).await?;
+    if !stale.is_empty() {
+        tracing::info!(
+            count = stale.len(),
+            "saved parts belong to another version; uploading them again"
+        );
+        report(reused.clone());
+        delete_all(store, stale, cfg.concurrency).await;
+    }
+    let done: Mutex<Vec<PartRecord>> = Mutex::new(reused);
     let todo: Vec<u32> = (0..count)
         .filter(|i| !done.lock().iter().any(|p| p.index == *i))
         .collect();
@@ -261,13 +376,13 @@ async fn upload_composite<S: ObjectStore + ?Sized>(
 
     futures::stream::iter(todo)
         .map(|i| {
-            let prefix = &prefix;
             let done = &done;
             async move {
-                let range = u64::from(i) * part..(u64::from(i + 1) * part).min(size);
-                let data = src.read(range).await?;
+                let offset = u64::from(i) * part;
+                let range = offset..(offset + part).min(size);
+                let data = src.read(range.clone()).await?;
                 let crc = crc32c::crc32c(&data);
-                let key = format!("{prefix}{i:05}");
+                let key = format!("{}{i:05}", job.parts_prefix);
                 let part_opts = WriteOptions {
                     crc32c: Some(crc),
                     ..Default::default()
@@ -282,13 +397,12 @@ async fn upload_composite<S: ObjectStore + ?Sized>(
                         key,
                         generation: meta.generation,
                         crc32c: crc,
+                        offset,
+                        len: range.end - range.start,
                     });
                     d.clone()
                 };
-                on_progress(UploadState::Uploading {
-                    session_url: None,
-                    parts: snapshot,
-                });
+                report(snapshot);
                 Ok::<_, StoreError>(())
             }
         })
@@ -298,53 +412,61 @@ async fn upload_composite<S: ObjectStore + ?Sized>(
 
     let mut parts = done.into_inner();
     parts.sort_by_key(|p| p.index);
-    let mut temps: Vec<String> = parts.iter().map(|p| p.key.clone()).collect();
-    let mut sources: Vec<(String, i64)> = parts
-        .iter()
-        .map(|p| (p.key.clone(), p.generation))
-        .collect();
-    let mut level = 0;
-    while sources.len() > MAX_COMPOSE_SOURCES {
-        let mut next = Vec::new();
-        for (n, group) in sources.chunks(MAX_COMPOSE_SOURCES).enumerate() {
-            let key = format!("{prefix}c{level}-{n:05}");
-            let meta = store
-                .compose(group, &key, Precondition::None, &WriteOptions::default())
-                .await?;
-            temps.push(key.clone());
-            next.push((key, meta.generation));
-        }
-        sources = next;
-        level += 1;
+    let part_keys: Vec<String> = parts.iter().map(|p| p.key.clone()).collect();
+    // Every part belongs to this version, or nothing is composed.
+    let combined = parts.iter().fold(0u32, |crc, p| {
+        crc32c::crc32c_combine(crc, p.crc32c, p.len as usize)
+    });
+    if combined != job.crc32c {
+        report(Vec::new());
+        delete_all(store, part_keys, cfg.concurrency).await;
+        return Err(changed_under_us("parts"));
     }
-    let final_opts = WriteOptions {
-        crc32c: None,
-        ..opts.clone()
-    };
-    let result = store
-        .compose(&sources, &job.key, job.precondition, &final_opts)
-        .await;
-    let result = match result {
-        Ok(meta) if meta.crc32c.is_some_and(|c| c != job.crc32c) => Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!(
-                "composed object {} has a different CRC32C than the staged file",
-                job.key
-            ),
-        )),
-        other => other,
-    };
-    // Temporaries go whatever happened (a failed upload starts its parts again), as many at
-    // once as parts went up: one at a time, 32 deletes cost as much as a part.
-    futures::stream::iter(temps)
-        .for_each_concurrent(cfg.concurrency.max(1), |key| async move {
-            if let Err(e) = store.delete(&key, Precondition::None).await {
-                if e.kind != StoreErrorKind::NotFound {
-                    tracing::warn!(key, error = %e, "could not delete a temporary part; it will be removed at the next mount");
-                }
+    let mut intermediates = Vec::new();
+    let result = async {
+        let mut sources: Vec<(String, i64)> = parts
+            .iter()
+            .map(|p| (p.key.clone(), p.generation))
+            .collect();
+        let mut level = 0;
+        while sources.len() > MAX_COMPOSE_SOURCES {
+            let mut next = Vec::new();
+            for (n, group) in sources.chunks(MAX_COMPOSE_SOURCES).enumerate() {
+                let key = format!("{}c{level}-{n:05}", job.parts_prefix);
+                let meta = store
+                    .compose(group, &key, Precondition::None, &WriteOptions::default())
+                    .await?;
+                intermediates.push(key.clone());
+                next.push((key, meta.generation));
             }
+            sources = next;
+            level += 1;
+        }
+        let final_opts = WriteOptions {
+            crc32c: None,
+            ..opts.clone()
+        };
+        finalize(store, job, size, |key, pre| {
+            let (sources, final_opts) = (&sources, &final_opts);
+            async move { store.compose(sources, &key, pre, final_opts).await }
         })
-        .await;
+        .await
+    }
+    .await;
+    let mut garbage = intermediates;
+    match &result {
+        Ok(_) => garbage.extend(part_keys),
+        Err(e) if e.kind == StoreErrorKind::NotFound => {
+            // A part is gone (deleted by hand, or expired): start over rather than retry a
+            // compose that can never succeed.
+            tracing::warn!(error = %e, "a part of the upload is missing; starting over");
+            report(Vec::new());
+            garbage.extend(part_keys);
+        }
+        // Parts stay, listed in the saved progress, for the next attempt.
+        Err(_) => {}
+    }
+    delete_all(store, garbage, cfg.concurrency).await;
     result
 }
 
@@ -356,21 +478,15 @@ async fn upload_resumable<S: ObjectStore + ?Sized>(
     pre: Precondition,
     cfg: &UploadConfig,
     opts: &WriteOptions,
-    resume: &UploadState,
+    session_url: Option<String>,
     on_progress: &(dyn Fn(UploadState) + Sync),
 ) -> StoreResult<ObjectMeta> {
     let size = src.size();
     let chunk = (cfg.chunk_size / CHUNK_GRANULE).max(1) * CHUNK_GRANULE;
-    let resumed = match resume {
-        UploadState::Uploading {
-            session_url: Some(url),
-            ..
-        } => Some(crate::store::ResumableSession {
-            key: key.to_string(),
-            url: url.clone(),
-        }),
-        _ => None,
-    };
+    let resumed = session_url.map(|url| crate::store::ResumableSession {
+        key: key.to_string(),
+        url,
+    });
     let (session, mut offset) = match resumed {
         Some(s) => match store.upload_chunk(&s, 0, Bytes::new(), None).await {
             Ok(ChunkOutcome::Incomplete { persisted }) => (s, persisted),

@@ -24,11 +24,12 @@ fn job(key: &str, pre: Precondition, data: &[u8]) -> UploadJob {
     opts.metadata
         .insert(crate::store::MTIME_KEY.into(), "1700000000".into());
     UploadJob {
-        id: 1,
         key: key.into(),
         precondition: pre,
         opts,
         crc32c: crc32c::crc32c(data),
+        parts_prefix: ".bucketdrive-parts/tag/0000000000000001-00000000/".into(),
+        maybe_landed: Vec::new(),
     }
 }
 
@@ -138,12 +139,7 @@ async fn composite_upload_reuses_parts_already_uploaded() {
     let j = job("big", Precondition::DoesNotExist, &data);
     // Parts 0 and 1 were uploaded before a crash, and recorded in the journal.
     let progress = Mutex::new(Vec::new());
-    let prefix = format!(
-        "{}{:016x}-{}/",
-        cfg.temp_prefix,
-        j.id,
-        crc32c::crc32c(j.key.as_bytes())
-    );
+    let prefix = j.parts_prefix.clone();
     let mut parts = Vec::new();
     for i in 0..2u32 {
         let chunk = &data[i as usize * 16 * 1024..(i as usize + 1) * 16 * 1024];
@@ -154,6 +150,8 @@ async fn composite_upload_reuses_parts_already_uploaded() {
             key,
             generation: m.generation,
             crc32c: crc32c::crc32c(chunk),
+            offset: u64::from(i) * 16 * 1024,
+            len: 16 * 1024,
         });
     }
     let writes_before = store.counts.write.load(Ordering::SeqCst);

@@ -1,0 +1,434 @@
+//! Namespace changes: mkdir, rmdir, unlink, rename of files and directories, and symbolic
+//! links. They go straight to the bucket.
+//!
+//! A change that touches a file being written first pauses its uploads and waits for any in
+//! flight, so an upload can never land under a name just deleted or renamed away (I3). The
+//! staged state changes only after the bucket did: a failed delete leaves the pending version
+//! where it was.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use super::Filesystem;
+use crate::error::{FsError, FsResult};
+use crate::namespace::{Attr, Entry, Ino, Kind};
+use crate::store::{
+    ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY,
+    SYMLINK_KEY,
+};
+
+impl<S: ObjectStore> Filesystem<S> {
+    /// `Exists` if anything (in the bucket or being written) has the name `path`.
+    async fn ensure_absent(&self, path: &str) -> FsResult<()> {
+        match self.entry_at(path).await {
+            Ok(_) => Err(FsError::Exists),
+            Err(FsError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a directory: a marker object `dir/`.
+    pub async fn mkdir(&self, parent: Ino, name: &str) -> FsResult<Attr> {
+        self.writer()?;
+        let path = self.child_path(parent, name)?;
+        self.ensure_absent(&path).await?;
+        let marker = format!("{}/", self.ns.key_of(&path));
+        match self
+            .ns
+            .store()
+            .put(
+                &marker,
+                Bytes::new(),
+                Precondition::DoesNotExist,
+                &WriteOptions::default(),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => return Err(FsError::Exists),
+            Err(e) => return Err(e.into()),
+        }
+        self.ns.note(&path, Entry::Dir);
+        self.ns.note_empty_dir(&path);
+        Ok(self.ns.register(&path, &Entry::Dir, 1))
+    }
+
+    /// Whether the directory at `path` has anything in it, in the bucket or being written.
+    async fn dir_has_children(&self, path: &str) -> FsResult<bool> {
+        let prefix = format!("{}/", self.ns.key_of(path));
+        if self
+            .write
+            .as_ref()
+            .is_some_and(|w| w.has_local_under(&prefix))
+        {
+            return Ok(true);
+        }
+        let req = ListRequest {
+            prefix: prefix.clone(),
+            delimiter: Some("/".into()),
+            max_results: Some(2),
+            page_token: None,
+        };
+        let page = self.ns.store().list(&req).await?;
+        Ok(!page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != prefix))
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: &str) -> FsResult<()> {
+        self.writer()?;
+        let path = self.child_path(parent, name)?;
+        match self.entry_at(&path).await? {
+            Entry::File(_) => return Err(FsError::NotDir),
+            Entry::Dir => {}
+        }
+        if self.dir_has_children(&path).await? {
+            return Err(FsError::NotEmpty);
+        }
+        let marker = format!("{}/", self.ns.key_of(&path));
+        match self.ns.store().delete(&marker, Precondition::None).await {
+            Ok(()) => {}
+            Err(e) if e.kind == StoreErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.ns.note_missing(&path);
+        self.ns.detach(&path);
+        Ok(())
+    }
+
+    /// Deletes a file, with a generation precondition: a newer object written by someone else
+    /// is not deleted (`ESTALE`). A file being written is paused first; its staged data is
+    /// dropped only once the bucket's object is gone, so a failed delete loses nothing.
+    pub async fn unlink(&self, parent: Ino, name: &str) -> FsResult<()> {
+        let w = self.writer()?;
+        let path = self.child_path(parent, name)?;
+        let key = self.ns.key_of(&path);
+        let paused = w.pause(&key).await;
+        let result = self.unlink_paused(&path, &key, paused.is_some()).await;
+        w.resume(paused).await;
+        result?;
+        self.ns.note_missing(&path);
+        self.ns.detach(&path);
+        Ok(())
+    }
+
+    async fn unlink_paused(&self, path: &str, key: &str, staged: bool) -> FsResult<()> {
+        let w = self.writer()?;
+        // A file being written may have landed unseen (an answer lost): ask the bucket itself.
+        let found = if staged {
+            self.fresh_entry(path).await?
+        } else {
+            match self.ns.resolve(path).await {
+                Ok(e) => Some(e),
+                Err(FsError::NotFound) => None,
+                Err(e) => return Err(e),
+            }
+        };
+        match found {
+            Some(Entry::Dir) => return Err(FsError::IsDir),
+            Some(Entry::File(m)) => match self
+                .ns
+                .store()
+                .delete(key, Precondition::GenerationMatch(m.generation))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.kind == StoreErrorKind::NotFound => {}
+                Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
+                    self.ns.forget_tree(path);
+                    return Err(FsError::Stale);
+                }
+                Err(e) => return Err(e.into()),
+            },
+            None if staged => {}
+            None => return Err(FsError::NotFound),
+        }
+        w.unlink(key).await?;
+        Ok(())
+    }
+
+    /// The object at `path` as the bucket has it now, past every cache (`None`: none). Used
+    /// for files being written: an upload of theirs may have landed although its answer was
+    /// lost, which no cache knows.
+    async fn fresh_entry(&self, path: &str) -> FsResult<Option<Entry>> {
+        self.ns.forget_tree(path);
+        match self.ns.store().head(&self.ns.key_of(path)).await {
+            Ok(m) => Ok(Some(Entry::File(Arc::new(m)))),
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Renames a file (server-side copy, then delete of the source) or a directory (object by
+    /// object, not atomic, up to the configured limit; beyond it `EXDEV`).
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+    ) -> FsResult<()> {
+        self.writer()?;
+        let from = self.child_path(parent, name)?;
+        let to = self.child_path(new_parent, new_name)?;
+        if from == to {
+            return Ok(());
+        }
+        match self.entry_at(&from).await? {
+            Entry::Dir => self.rename_dir(&from, &to).await?,
+            Entry::File(_) => self.rename_file(&from, &to).await?,
+        }
+        self.ns.rename_inode(&from, &to);
+        Ok(())
+    }
+
+    async fn rename_file(&self, from: &str, to: &str) -> FsResult<()> {
+        let w = self.writer()?;
+        let (src_key, dst_key) = (self.ns.key_of(from), self.ns.key_of(to));
+        // No upload of either name may start or land while the rename runs.
+        let paused = (w.pause(&src_key).await, w.pause(&dst_key).await);
+        let result = self.rename_file_paused(from, to, &src_key, &dst_key).await;
+        w.resume(paused.0).await;
+        w.resume(paused.1).await;
+        result
+    }
+
+    async fn rename_file_paused(
+        &self,
+        from: &str,
+        to: &str,
+        src_key: &str,
+        dst_key: &str,
+    ) -> FsResult<()> {
+        let w = self.writer()?;
+        let (src_key, dst_key) = (src_key.to_string(), dst_key.to_string());
+        let src_local = w.item(&src_key).is_some();
+        let dst_local = w.item(&dst_key).is_some();
+        let src_meta = match self.file_meta(from, src_local).await? {
+            Some(Entry::File(m)) => Some(m),
+            Some(Entry::Dir) => return Err(FsError::IsDir),
+            None => None,
+        };
+        let dst_meta = match self.file_meta(to, dst_local).await? {
+            Some(Entry::File(m)) => Some(m),
+            Some(Entry::Dir) => return Err(FsError::IsDir),
+            None => None,
+        };
+        if src_meta.is_none() && !src_local {
+            return Err(FsError::NotFound);
+        }
+        match &src_meta {
+            Some(m) => {
+                let pre = dst_meta.as_ref().map_or(Precondition::DoesNotExist, |d| {
+                    Precondition::GenerationMatch(d.generation)
+                });
+                let copied = self.copy_checked(m, &dst_key, pre).await?;
+                match self
+                    .ns
+                    .store()
+                    .delete(&src_key, Precondition::GenerationMatch(m.generation))
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.kind == StoreErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if src_local {
+                    w.rename(&src_key, &dst_key, Some(&copied)).await?;
+                } else {
+                    w.unlink(&dst_key).await?;
+                }
+                self.ns.note(to, Entry::File(Arc::new(copied)));
+            }
+            None => {
+                // Only staged so far: the pending upload follows the new name, replacing what
+                // is there now.
+                w.rename(&src_key, &dst_key, dst_meta.as_deref()).await?;
+                self.ns.forget_tree(to);
+            }
+        }
+        self.ns.note_missing(from);
+        Ok(())
+    }
+
+    /// The file at `path`, read past the caches when it is being written (it may have landed
+    /// unseen).
+    async fn file_meta(&self, path: &str, staged: bool) -> FsResult<Option<Entry>> {
+        if staged {
+            return self.fresh_entry(path).await;
+        }
+        match self.ns.resolve(path).await {
+            Ok(e) => Ok(Some(e)),
+            Err(FsError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Server-side copy of `src` to `dest`. A precondition failure is checked: when the copy's
+    /// first try landed and only its answer was lost, the object at `dest` is already `src`'s
+    /// bytes, and that is success, not `ESTALE`.
+    async fn copy_checked(
+        &self,
+        src: &ObjectMeta,
+        dest: &str,
+        pre: Precondition,
+    ) -> FsResult<ObjectMeta> {
+        match self
+            .ns
+            .store()
+            .copy(&src.key, src.generation, dest, pre)
+            .await
+        {
+            Ok(m) => Ok(m),
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
+                match self.ns.store().head(dest).await {
+                    Ok(m) if m.size == src.size && m.crc32c.is_some() && m.crc32c == src.crc32c => {
+                        Ok(m)
+                    }
+                    _ => Err(FsError::Stale),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Moves every object under the directory, and the files being written under it. Their
+    /// uploads are paused for the whole move, so none lands under the old name.
+    async fn rename_dir(&self, from: &str, to: &str) -> FsResult<()> {
+        let w = self.writer()?;
+        let src_prefix = format!("{}/", self.ns.key_of(from));
+        let paused = w.pause_under(&src_prefix).await;
+        let result = self.rename_dir_paused(from, to).await;
+        for item in paused {
+            w.resume(Some(item)).await;
+        }
+        result
+    }
+
+    async fn rename_dir_paused(&self, from: &str, to: &str) -> FsResult<()> {
+        let w = self.writer()?;
+        match self.entry_at(to).await {
+            Ok(Entry::File(_)) => return Err(FsError::NotDir),
+            Ok(Entry::Dir) if self.dir_has_children(to).await? => return Err(FsError::NotEmpty),
+            Ok(Entry::Dir) | Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        let src_prefix = format!("{}/", self.ns.key_of(from));
+        let dst_prefix = format!("{}/", self.ns.key_of(to));
+        // Everything under the directory, at any depth; refuse before copying anything if it
+        // is over the limit.
+        let mut objects = Vec::new();
+        let mut token = None;
+        loop {
+            let req = ListRequest {
+                prefix: src_prefix.clone(),
+                delimiter: None,
+                page_token: token,
+                max_results: Some(1000),
+            };
+            let page = self.ns.store().list(&req).await?;
+            objects.extend(page.objects);
+            if objects.len() > self.cfg.rename_dir_limit {
+                return Err(FsError::CrossDevice);
+            }
+            token = page.next_page_token;
+            if token.is_none() {
+                break;
+            }
+        }
+        let mut copied = HashMap::new();
+        for o in &objects {
+            let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
+            let meta = self
+                .ns
+                .store()
+                .copy(&o.key, o.generation, &dest, Precondition::None)
+                .await?;
+            copied.insert(o.key.clone(), meta);
+        }
+        for o in &objects {
+            match self
+                .ns
+                .store()
+                .delete(&o.key, Precondition::GenerationMatch(o.generation))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.kind == StoreErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (key, _) in w.local_under(&src_prefix) {
+            let dest = format!("{dst_prefix}{}", &key[src_prefix.len()..]);
+            w.rename(&key, &dest, copied.get(&key)).await?;
+        }
+        if !copied.contains_key(&src_prefix) {
+            // Keep the new directory visible even if nothing of it is in the bucket yet.
+            let _ = self
+                .ns
+                .store()
+                .put(
+                    &dst_prefix,
+                    Bytes::new(),
+                    Precondition::None,
+                    &WriteOptions::default(),
+                )
+                .await;
+        }
+        self.ns.forget_tree(from);
+        self.ns.forget_tree(to);
+        Ok(())
+    }
+
+    /// Creates a symbolic link: an empty object whose metadata holds the target (the format is
+    /// gcsfuse's, see [`SYMLINK_KEY`] and docs/semantics.md).
+    pub async fn symlink(&self, parent: Ino, name: &str, target: &str) -> FsResult<Attr> {
+        self.writer()?;
+        let path = self.child_path(parent, name)?;
+        self.ensure_absent(&path).await?;
+        let now = SystemTime::now();
+        let secs = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let opts = WriteOptions {
+            metadata: [
+                (SYMLINK_KEY.to_string(), target.to_string()),
+                (MTIME_KEY.to_string(), secs.to_string()),
+            ]
+            .into(),
+            ..WriteOptions::default()
+        };
+        let key = self.ns.key_of(&path);
+        let meta = match self
+            .ns
+            .store()
+            .put(&key, Bytes::new(), Precondition::DoesNotExist, &opts)
+            .await
+        {
+            Ok(m) => m,
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => return Err(FsError::Exists),
+            Err(e) => return Err(e.into()),
+        };
+        let entry = Entry::File(Arc::new(meta));
+        self.ns.note(&path, entry.clone());
+        Ok(self.ns.register(&path, &entry, 1))
+    }
+
+    /// The target of the symbolic link `ino`.
+    pub async fn readlink(&self, ino: Ino) -> FsResult<String> {
+        let (path, kind) = self.ns.inode_path(ino)?;
+        if kind != Kind::Symlink {
+            return Err(FsError::NotSymlink);
+        }
+        match self.ns.resolve(&path).await? {
+            Entry::File(m) => m
+                .metadata
+                .get(SYMLINK_KEY)
+                .cloned()
+                .ok_or(FsError::NotSymlink),
+            Entry::Dir => Err(FsError::NotSymlink),
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! One item per file being written: its working copy, the acknowledged version waiting for
+//! the bucket, and where its upload stands (rclone's `vfscache` item is the model).
+//!
+//! An item moves through these states; every arrow is taken under the item's lock:
+//!
+//! ```text
+//!            write/truncate              close/fsync (commit)             upload lands
+//!   clean ───────────────► dirty ─────────────────────────► pending ───────────────────► clean
+//!     ▲                      ▲                                │   │
+//!     │                      └──── write (copy-on-write) ─────┘   └─ unlink ─► unlinked
+//!     └── last handle released and clean: retired (never reused)
+//! ```
+//!
+//! - The **working copy** (`work`) is what reads and writes see. It is a sparse staging file
+//!   until a commit completes it.
+//! - A commit turns the working copy into a **version**: its bytes are fsync'd, its CRC32C
+//!   computed, and its journal record made durable before `close()` or `fsync()` returns. A
+//!   newer commit supersedes the older version (the journal swaps the records in one line).
+//! - A version's bytes never change. Until it is in the bucket, a change to the working copy
+//!   that would alter them first copies the file (copy-on-write) and edits the copy; appends
+//!   and rewrites of bytes with the same content (the kernel writing back a whole page) need
+//!   no copy, because the version is only the first `size` bytes of the file.
+//! - Uploads read only the version, so a writer never waits for an upload and an upload never
+//!   sees a half-written file.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+
+use super::journal::{Record, UploadState};
+use super::scheduler::Sched;
+use super::staging::StagingFile;
+use crate::store::Posix;
+
+/// Size and modification time of a file being written, which override the bucket's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalAttr {
+    pub size: u64,
+    pub mtime: SystemTime,
+    pub posix: Posix,
+}
+
+/// An acknowledged version of a file, not yet known to be in the bucket.
+#[derive(Debug, Clone)]
+pub(super) struct Version {
+    /// Counts the item's versions; a newer one supersedes an older one.
+    pub seq: u64,
+    /// Its journal record, and the staging file whose first `size` bytes it is.
+    pub id: u64,
+    pub size: u64,
+    pub crc32c: u32,
+    pub mtime: SystemTime,
+    pub metadata: HashMap<String, String>,
+    /// What earlier attempts left that a retry can reuse (checked before it is).
+    pub progress: UploadState,
+}
+
+/// Where an item is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Life {
+    Live,
+    /// The user deleted the name (or renamed another file over it): nothing of it is
+    /// uploaded any more; open handles still read and write the working copy.
+    Unlinked,
+    /// Dropped from the engine: in the bucket and unused. Never revived.
+    Retired,
+}
+
+pub(super) struct Item {
+    pub key: String,
+    /// The bucket object the next upload replaces: (key, generation). An upload to another
+    /// key, or with none, must find no object there.
+    pub base: Option<(String, i64)>,
+    pub work_id: u64,
+    pub work: StagingFile,
+    /// Whether the working copy's name has been made durable in the staging directory.
+    pub work_named: bool,
+    pub mtime: SystemTime,
+    /// Custom metadata for the upload besides the mtime: carried over from the object it was
+    /// opened from (so a modified file keeps its mode and the like), plus changes made here.
+    pub metadata: HashMap<String, String>,
+    /// Changes made, and the count at the last commit: dirty while they differ.
+    pub edits: u64,
+    pub committed: u64,
+    pub pending: Option<Version>,
+    pub next_seq: u64,
+    /// (CRC32C, size) of versions whose upload may have landed without our hearing of it.
+    pub maybe_landed: Vec<(u32, u64)>,
+    pub handles: u32,
+    pub life: Life,
+    pub sched: Sched,
+}
+
+/// How many possibly-landed versions an item remembers.
+const MAYBE_LANDED: usize = 8;
+
+impl Item {
+    pub fn dirty(&self) -> bool {
+        self.edits != self.committed
+    }
+
+    /// Bytes this item keeps on the cache disk.
+    pub fn staged_bytes(&self, work_size: u64) -> u64 {
+        match &self.pending {
+            Some(p) if p.id != self.work_id => work_size + p.size,
+            _ => work_size,
+        }
+    }
+
+    pub fn attr(&self) -> LocalAttr {
+        LocalAttr {
+            size: self.work.size(),
+            mtime: self.mtime,
+            posix: Posix::from_metadata(&self.metadata),
+        }
+    }
+
+    /// Nothing left to do and nobody holding it: it can retire.
+    pub fn settled(&self) -> bool {
+        let idle = !self.sched.task && !self.sched.uploading && self.sched.paused == 0;
+        let done = self.life == Life::Unlinked || (self.pending.is_none() && !self.dirty());
+        self.handles == 0 && idle && done
+    }
+
+    pub fn note_maybe_landed(&mut self, v: &Version) {
+        let entry = (v.crc32c, v.size);
+        if !self.maybe_landed.contains(&entry) {
+            if self.maybe_landed.len() == MAYBE_LANDED {
+                self.maybe_landed.remove(0);
+            }
+            self.maybe_landed.push(entry);
+        }
+    }
+
+    /// The journal record of version `v` of this file.
+    pub fn record(&self, v: &Version) -> Record {
+        Record {
+            id: v.id,
+            key: self.key.clone(),
+            base_generation: self
+                .base
+                .as_ref()
+                .filter(|(k, _)| *k == self.key)
+                .map(|(_, g)| *g),
+            size: v.size,
+            crc32c: v.crc32c,
+            mtime: v
+                .mtime
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0),
+            metadata: v.metadata.clone(),
+            maybe_landed: self.maybe_landed.clone(),
+            state: v.progress.clone(),
+        }
+    }
+}
+
+/// Result of the latest upload attempt, for waiters.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Progress {
+    /// The newest version seq known to be in the bucket.
+    pub uploaded: u64,
+    pub error: Option<String>,
+    /// Bumped at the end of every attempt, so waiters wake even when nothing else changed.
+    pub attempts: u64,
+    /// The version the failed attempt was uploading; older failures do not concern a waiter
+    /// for a newer version.
+    pub failed_seq: u64,
+}
+
+/// An item and what can be read of it without its lock.
+pub(super) struct Shared {
+    pub item: tokio::sync::Mutex<Item>,
+    /// Size and times, kept current by every change, so `ls` never waits on a file's lock.
+    pub attr: parking_lot::Mutex<LocalAttr>,
+    pub progress: watch::Sender<Progress>,
+    /// Wakes the item's upload task when its due time moves earlier or a pause ends.
+    pub wake: tokio::sync::Notify,
+    /// Staging bytes charged to this item against the cache size.
+    pub charged: AtomicU64,
+    /// Mirrors `Item::handles`, readable without the item's lock.
+    pub open: AtomicU32,
+}
+
+impl Shared {
+    pub fn new(item: Item) -> Arc<Self> {
+        Arc::new(Shared {
+            attr: parking_lot::Mutex::new(item.attr()),
+            open: AtomicU32::new(item.handles),
+            item: tokio::sync::Mutex::new(item),
+            progress: watch::channel(Progress::default()).0,
+            wake: tokio::sync::Notify::new(),
+            charged: AtomicU64::new(0),
+        })
+    }
+
+    /// Publishes the item's size and times after a change.
+    pub fn publish(&self, it: &Item) {
+        *self.attr.lock() = it.attr();
+    }
+}
+
+/// A handle on one item, held by open files.
+#[derive(Clone)]
+pub struct ItemRef(pub(super) Arc<Shared>);
+
+/// The backoff before retry `failures` (counting from 1): `initial` doubling up to `max`.
+pub(super) fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    initial
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(max)
+}

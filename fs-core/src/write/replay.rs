@@ -1,0 +1,233 @@
+//! Start-up: every journaled version becomes an item again and is uploaded, and what earlier
+//! runs left behind is cleared away.
+//!
+//! - A record's staging file holds the version in its first `size` bytes (later bytes are
+//!   changes made after the last acknowledgement, never acknowledged). The version's CRC32C is
+//!   checked before it is replayed, and the file cut back to the version, so the mount shows
+//!   and uploads exactly what was last acknowledged. A file that is short or fails its check
+//!   is set aside as `<id>.damaged`, never uploaded and never deleted.
+//! - Staging files no record names (work never acknowledged) are removed.
+//! - Temporary parts in the bucket are named `<parts prefix><tag>/<id>/…`, the tag being the
+//!   cache directory's. Our own parts that no live version needs are removed. Another mount's
+//!   parts are removed only once they are older than [`FOREIGN_PARTS_AGE`]: that mount may be
+//!   uploading them right now.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use super::item::{Item, Life, Shared, Version};
+use super::journal::{Record, UploadState};
+use super::scheduler::Sched;
+use super::staging::{crc32c_of_file, StagingFile};
+use super::writeback::WriteBack;
+use crate::store::{ListRequest, ObjectStore, Precondition};
+
+/// Age past which another mount's temporary parts are taken for abandoned.
+pub const FOREIGN_PARTS_AGE: Duration = Duration::from_secs(2 * 24 * 3600);
+
+impl<S: ObjectStore> WriteBack<S> {
+    /// Re-creates an item for every journal record and schedules its upload. Returns how many.
+    pub async fn replay(self: &std::sync::Arc<Self>) -> Result<usize, String> {
+        let (records, corrupt) = self
+            .journal
+            .load_all()
+            .map_err(|e| format!("cannot read the journal: {e}"))?;
+        if !corrupt.is_empty() {
+            tracing::error!(
+                count = corrupt.len(),
+                "journal records could not be read and were set aside"
+            );
+        }
+        // At most one record per name (the journal swaps records in one line; the newest wins
+        // should an older one ever remain).
+        let mut by_key: BTreeMap<String, Record> = BTreeMap::new();
+        for rec in records {
+            if matches!(
+                rec.state,
+                UploadState::Done { .. } | UploadState::Conflict { .. }
+            ) {
+                self.forget_record(rec.id, true).await;
+                continue;
+            }
+            if let Some(older) = by_key.insert(rec.key.clone(), rec) {
+                self.forget_record(older.id, true).await;
+            }
+        }
+        let mut kept = HashSet::new();
+        for rec in by_key.into_values() {
+            match self.verify(&rec).await {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::error!(key = %rec.key, id = rec.id, error = %e, "staged data of a saved file is missing or damaged; it is kept aside as .damaged and not uploaded");
+                    let path = self.dir.staging_path(rec.id);
+                    let _ = std::fs::rename(&path, path.with_extension("damaged"));
+                    self.forget_record(rec.id, false).await;
+                    continue;
+                }
+            }
+            kept.insert(rec.id);
+            self.bump_next_id(rec.id);
+            let mtime = SystemTime::UNIX_EPOCH + Duration::from_secs(rec.mtime.max(0) as u64);
+            let version = Version {
+                seq: 1,
+                id: rec.id,
+                size: rec.size,
+                crc32c: rec.crc32c,
+                mtime,
+                metadata: rec.metadata.clone(),
+                progress: rec.state.clone(),
+            };
+            let mut item = Item {
+                key: rec.key.clone(),
+                base: rec.base_generation.map(|g| (rec.key.clone(), g)),
+                work_id: rec.id,
+                work: StagingFile::open_complete(&self.dir.staging_path(rec.id), rec.size),
+                work_named: true,
+                mtime,
+                metadata: rec.metadata.clone(),
+                edits: 1,
+                committed: 1,
+                pending: Some(version),
+                next_seq: 2,
+                maybe_landed: rec.maybe_landed.clone(),
+                handles: 0,
+                life: Life::Live,
+                sched: Sched::default(),
+            };
+            item.sched.due_in(Duration::ZERO);
+            let shared = Shared::new(item);
+            self.space.charge_existing(&shared.charged, rec.size);
+            self.by_key.lock().insert(rec.key.clone(), shared.clone());
+            tracing::info!(key = %rec.key, size = rec.size, "replaying a staged file from the journal");
+            let mut it = shared.item.lock().await;
+            self.ensure_task(&shared, &mut it);
+        }
+        self.remove_unjournaled_staging(&kept);
+        Ok(kept.len())
+    }
+
+    /// Checks that the record's staging file holds its version, and cuts off anything after
+    /// it (changes never acknowledged).
+    async fn verify(&self, rec: &Record) -> std::io::Result<()> {
+        let path = self.dir.staging_path(rec.id);
+        let (size, crc) = (rec.size, rec.crc32c);
+        crate::platform::blocking(move || {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)?;
+            let len = file.metadata()?.len();
+            if len < size {
+                return Err(std::io::Error::other(format!(
+                    "staging file has {len} bytes, the version {size}"
+                )));
+            }
+            if crc32c_of_file(&file, size)? != crc {
+                return Err(std::io::Error::other("CRC32C mismatch"));
+            }
+            if len > size {
+                file.set_len(size)?;
+                file.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn forget_record(&self, id: u64, remove_data: bool) {
+        if let Err(e) = self.journal.remove(id).await {
+            tracing::warn!(id, error = %e, "could not remove a journal record");
+        }
+        if remove_data {
+            let _ = std::fs::remove_file(self.dir.staging_path(id));
+        }
+    }
+
+    /// Removes staging files that no replayed record names: changes that were never
+    /// acknowledged, and versions superseded just before a crash.
+    fn remove_unjournaled_staging(&self, kept: &HashSet<u64>) {
+        let Ok((ids, _)) = self.dir.staging_ids() else {
+            return;
+        };
+        for id in ids {
+            self.bump_next_id(id);
+            if !kept.contains(&id) {
+                tracing::debug!(id, "removing a staging file no journal record needs");
+                let _ = std::fs::remove_file(self.dir.staging_path(id));
+            }
+        }
+    }
+
+    /// Deletes temporary part objects nobody needs: this cache directory's, unless a live
+    /// version may use them, and other mounts' once they are old.
+    pub async fn remove_orphan_parts(&self) {
+        let root = self.cfg.upload.temp_prefix.clone();
+        let own = format!("{root}{}/", self.dir.tag());
+        // Versions made from now on have higher ids and are never touched.
+        let horizon = self.peek_next_id();
+        let mut token = None;
+        loop {
+            let req = ListRequest {
+                prefix: root.clone(),
+                delimiter: None,
+                page_token: token,
+                max_results: Some(1000),
+            };
+            let page = match self.store.list(&req).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not list temporary parts to clean up");
+                    return;
+                }
+            };
+            let live = self.live_version_ids().await;
+            for o in &page.objects {
+                let remove = match o.key.strip_prefix(&own) {
+                    Some(rest) => {
+                        parse_id(rest).is_none_or(|id| id < horizon && !live.contains(&id))
+                    }
+                    None => SystemTime::now()
+                        .duration_since(o.updated)
+                        .is_ok_and(|age| age > FOREIGN_PARTS_AGE),
+                };
+                if !remove {
+                    continue;
+                }
+                match self
+                    .store
+                    .delete(&o.key, Precondition::GenerationMatch(o.generation))
+                    .await
+                {
+                    Ok(()) => tracing::info!(key = %o.key, "removed an orphaned temporary part"),
+                    Err(e) => {
+                        tracing::warn!(key = %o.key, error = %e, "could not delete an orphaned temporary part")
+                    }
+                }
+            }
+            token = page.next_page_token;
+            if token.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// Ids of the versions that live items may still upload.
+    async fn live_version_ids(&self) -> HashSet<u64> {
+        let items: Vec<_> = self.by_key.lock().values().cloned().collect();
+        let mut ids = HashSet::new();
+        for shared in items {
+            let it = shared.item.lock().await;
+            if let Some(p) = &it.pending {
+                ids.insert(p.id);
+            }
+            ids.insert(it.work_id);
+        }
+        ids
+    }
+}
+
+/// The version id a part name starts with (`<id:016x>/…`).
+fn parse_id(rest: &str) -> Option<u64> {
+    let (id, _) = rest.split_once('/')?;
+    u64::from_str_radix(id, 16).ok()
+}

@@ -1,0 +1,264 @@
+//! Runs uploads: one task per item with a pending version, which waits for the scheduler's
+//! go, takes an upload slot, uploads the version (see [`super::upload`]), and files the
+//! outcome back into the item.
+//!
+//! The version uploaded is fixed when the attempt starts; its bytes cannot change while it
+//! runs (the item copies a version before editing it). When a newer version was committed
+//! meanwhile, the older one's result only moves the base generation along: the task goes
+//! round again for the newer one. Outcomes:
+//! - in the bucket (or saved as a conflict copy): the version's journal record goes, and the
+//!   key's cached metadata is updated;
+//! - our own earlier write found in the bucket (its answer was lost): rebased, retried at once;
+//! - failed: the item backs off (the scheduler owns the wait), its upload progress and the fact
+//!   that this version may have landed are journaled, and it is retried. Nothing is dropped.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::item::{Life, Shared, Version};
+use super::journal::UploadState;
+use super::upload::{upload, Outcome, UploadJob, UploadSource};
+use super::writeback::{content_type, WriteBack};
+use crate::store::{ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY};
+
+/// What one pass of the loop decided.
+enum Step {
+    /// Nothing left to upload: the task ends.
+    Done,
+    /// Not yet time (or paused): wait to be woken, or until this instant.
+    Wait(Option<tokio::time::Instant>),
+    Upload(Box<Prepared>),
+}
+
+struct Prepared {
+    version: Version,
+    job: UploadJob,
+    file: std::path::PathBuf,
+}
+
+impl<S: ObjectStore> WriteBack<S> {
+    /// Starts the item's upload task unless one runs. The caller holds the item's lock.
+    pub(super) fn ensure_task(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut super::item::Item) {
+        if it.sched.task || it.life != Life::Live || it.pending.is_none() {
+            return;
+        }
+        it.sched.task = true;
+        let (me, shared) = (self.clone(), shared.clone());
+        tokio::spawn(async move { me.run(shared).await });
+    }
+
+    async fn run(self: Arc<Self>, shared: Arc<Shared>) {
+        loop {
+            let woken = shared.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            match self.next_step(&shared).await {
+                Step::Done => return,
+                Step::Wait(until) => match until {
+                    Some(t) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(t) => {}
+                            _ = woken => {}
+                        }
+                    }
+                    None => woken.await,
+                },
+                Step::Upload(p) => self.attempt(&shared, *p).await,
+            }
+        }
+    }
+
+    async fn next_step(&self, shared: &Arc<Shared>) -> Step {
+        let mut it = shared.item.lock().await;
+        let Some(v) = it.pending.clone().filter(|_| it.life == Life::Live) else {
+            it.sched.task = false;
+            self.retire_if_settled(shared, &mut it);
+            return Step::Done;
+        };
+        if it.sched.paused > 0 {
+            return Step::Wait(None);
+        }
+        match it.sched.start_at() {
+            Some(t) if t > tokio::time::Instant::now() => return Step::Wait(Some(t)),
+            None => return Step::Wait(None),
+            Some(_) => {}
+        }
+        let mut opts = WriteOptions {
+            content_type: Some(content_type(&it.key)),
+            metadata: v.metadata.clone(),
+            ..Default::default()
+        };
+        let secs = v
+            .mtime
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        opts.metadata.insert(MTIME_KEY.into(), secs.to_string());
+        let precondition = match &it.base {
+            Some((k, g)) if *k == it.key => Precondition::GenerationMatch(*g),
+            _ => Precondition::DoesNotExist,
+        };
+        let job = UploadJob {
+            parts_prefix: self.parts_prefix(v.id),
+            key: it.key.clone(),
+            precondition,
+            opts,
+            crc32c: v.crc32c,
+            maybe_landed: it.maybe_landed.clone(),
+        };
+        it.sched.uploading = true;
+        Step::Upload(Box::new(Prepared {
+            file: self.dir.staging_path(v.id),
+            version: v,
+            job,
+        }))
+    }
+
+    async fn attempt(self: &Arc<Self>, shared: &Arc<Shared>, p: Prepared) {
+        let Prepared {
+            version: v,
+            job,
+            file,
+        } = p;
+        let opened = crate::platform::blocking(move || std::fs::File::open(file)).await;
+        let result = match opened {
+            Ok(file) => {
+                let Ok(_slot) = self.slots.clone().acquire_owned().await else {
+                    return;
+                };
+                self.counters
+                    .uploading_files
+                    .fetch_add(1, Ordering::Relaxed);
+                let record = parking_lot::Mutex::new(None::<UploadState>);
+                let result = upload(
+                    self.store.as_ref(),
+                    &UploadSource::new(file, v.size),
+                    &job,
+                    &self.cfg.upload,
+                    &v.progress,
+                    &|state| *record.lock() = Some(state),
+                )
+                .await;
+                self.counters
+                    .uploading_files
+                    .fetch_sub(1, Ordering::Relaxed);
+                Ok((result, record.into_inner()))
+            }
+            Err(e) => Err(e),
+        };
+        let mut it = shared.item.lock().await;
+        it.sched.uploading = false;
+        let current = it.pending.as_ref().is_some_and(|p| p.seq == v.seq);
+        let (result, progress) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // The version's bytes are gone from the cache directory: it can never be
+                // uploaded. Say so loudly and stop trying, rather than loop forever.
+                if current && it.life == Life::Live {
+                    tracing::error!(key = %it.key, id = v.id, error = %e, "the staged data of a saved file is missing from the cache directory; it cannot be uploaded");
+                    self.counters.lost_files.fetch_add(1, Ordering::Relaxed);
+                    it.pending = None;
+                    let _ = self.journal.remove(v.id).await;
+                }
+                drop(it);
+                self.finish_attempt(shared);
+                return;
+            }
+        };
+        let superseded = |it: &super::item::Item| {
+            it.work_id != v.id && it.pending.as_ref().is_none_or(|p| p.id != v.id)
+        };
+        match result {
+            Ok(Outcome::Uploaded(meta)) | Ok(Outcome::Conflict(meta)) => {
+                let conflict = meta.key != it.key;
+                if conflict {
+                    self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(key = %it.key, saved_as = %meta.key, "conflict: our version was saved beside the bucket's");
+                    // Later changes to this file start from whatever is now in the bucket.
+                    it.base = None;
+                } else {
+                    it.base = Some((meta.key.clone(), meta.generation));
+                }
+                it.maybe_landed.clear();
+                it.sched.succeeded();
+                if current {
+                    it.pending = None;
+                    if let Err(e) = self.journal.remove(v.id).await {
+                        tracing::warn!(error = %e, "could not remove a journal record; the file will be uploaded again at the next mount");
+                    }
+                } else if let Some(newer) = it.pending.as_mut().filter(|p| p.id == v.id) {
+                    // The parts it listed were the ones just used and deleted.
+                    newer.progress = UploadState::Staged;
+                }
+                if superseded(&it) {
+                    let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+                }
+                if v.size >= self.cfg.upload.single_shot_threshold {
+                    // Parts whose answer was lost are listed nowhere: sweep the version's prefix.
+                    self.sweep_parts(v.id);
+                }
+                self.counters.record_upload(v.size);
+                (self.on_settled)(&it.key, (!conflict).then_some(&meta));
+                shared.progress.send_modify(|p| {
+                    p.uploaded = p.uploaded.max(v.seq);
+                    p.error = None;
+                    p.attempts += 1;
+                });
+            }
+            Ok(Outcome::Rebased(meta)) => {
+                it.base = Some((meta.key.clone(), meta.generation));
+                if let Some(p) = it.pending.as_mut() {
+                    p.progress = UploadState::Staged;
+                }
+                (self.on_settled)(&it.key, Some(&meta));
+                shared.progress.send_modify(|p| p.attempts += 1);
+            }
+            Err(e) => {
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
+                it.note_maybe_landed(&v);
+                if current && it.life == Life::Live {
+                    if let Some(p) = it.pending.as_mut() {
+                        if let Some(state) = progress {
+                            p.progress = state;
+                        }
+                        if e.kind == StoreErrorKind::Other && e.message.contains("staged bytes") {
+                            p.progress = UploadState::Staged;
+                        }
+                    }
+                    if let Some(p) = it.pending.clone() {
+                        if let Err(je) = self.journal.put(&it.record(&p)).await {
+                            tracing::warn!(error = %je, "could not journal upload progress");
+                        }
+                    }
+                } else if let Some(newer) = it.pending.as_mut().filter(|p| p.id == v.id) {
+                    // Appended to meanwhile: the newer version starts with the same bytes, so
+                    // the parts may serve it (each is checked before it is reused).
+                    if let Some(state) = progress {
+                        newer.progress = state;
+                    }
+                } else {
+                    // The version was superseded or deleted meanwhile: its parts are garbage.
+                    self.sweep_parts(v.id);
+                }
+                if superseded(&it) {
+                    let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+                }
+                tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "upload failed; the file stays staged and will be retried");
+                shared.progress.send_modify(|p| {
+                    p.error = Some(e.to_string());
+                    p.failed_seq = v.seq;
+                    p.attempts += 1;
+                });
+            }
+        }
+        self.retire_if_settled(shared, &mut it);
+        drop(it);
+        self.finish_attempt(shared);
+    }
+
+    fn finish_attempt(&self, shared: &Arc<Shared>) {
+        shared.progress.send_modify(|p| p.attempts += 1);
+        self.settled.notify_waiters();
+    }
+}
