@@ -5,7 +5,9 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 
-use bucketdrive_tests::{random_bytes, sha256, wait_for_object, Emulator, Mount, Result};
+use bucketdrive_tests::{
+    random_bytes, sha256, wait_for_object, write_and_close, Emulator, Mount, Result,
+};
 use rand::{Rng, SeedableRng};
 
 const MIB: usize = 1024 * 1024;
@@ -14,34 +16,6 @@ fn setup(bucket: &str) -> Result<Emulator> {
     let emu = Emulator::start()?;
     emu.create_bucket(bucket)?;
     Ok(emu)
-}
-
-fn keys(emu: &Emulator, bucket: &str) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut url = format!("{}/storage/v1/b/{bucket}/o?maxResults=1000", emu.url());
-        if let Some(t) = &token {
-            url.push_str(&format!("&pageToken={t}"));
-        }
-        let body = ureq::get(&url).call()?.into_string()?;
-        for part in body.split("\"name\":\"").skip(1) {
-            if let Some(end) = part.find('"') {
-                out.push(part[..end].to_string());
-            }
-        }
-        token = body
-            .split("\"nextPageToken\":\"")
-            .nth(1)
-            .and_then(|p| p.split('"').next())
-            .map(str::to_owned);
-        if token.is_none() {
-            break;
-        }
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
 }
 
 #[test]
@@ -60,7 +34,7 @@ fn sequential_writes_of_edge_sizes_reach_the_bucket() -> Result<()> {
         wait_for_object(&emu, "seqw", name, sha, 120)?;
     }
     assert!(
-        keys(&emu, "seqw")?
+        emu.keys("seqw")?
             .iter()
             .all(|k| !k.starts_with(".bucketdrive-parts")),
         "temporary parts are gone"
@@ -173,7 +147,7 @@ fn mkdir_rmdir_and_rename_of_files_and_directories() -> Result<()> {
     // Directory rename, object by object.
     std::fs::rename(p.join("a/b"), p.join("moved"))?;
     assert_eq!(std::fs::read(p.join("moved/c/f.txt"))?, b"deep");
-    let k = keys(&emu, "names")?;
+    let k = emu.keys("names")?;
     assert_eq!(
         k,
         vec!["a/", "a/renamed.txt", "moved/", "moved/c/", "moved/c/f.txt"],
@@ -185,7 +159,7 @@ fn mkdir_rmdir_and_rename_of_files_and_directories() -> Result<()> {
     std::fs::remove_dir(p.join("moved"))?;
     std::fs::remove_file(p.join("a/renamed.txt"))?;
     std::fs::remove_dir(p.join("a"))?;
-    assert_eq!(keys(&emu, "names")?, Vec::<String>::new());
+    assert_eq!(emu.keys("names")?, Vec::<String>::new());
     assert_eq!(std::fs::read_dir(p)?.count(), 0);
     m.unmount()
 }
@@ -261,7 +235,7 @@ fn a_crash_loses_nothing_that_was_closed() -> Result<()> {
         want.push((format!("f{i:02}"), sha256(&data)));
     }
     assert!(
-        keys(&emu, "crash")?.is_empty(),
+        emu.keys("crash")?.is_empty(),
         "nothing uploaded yet: the write-back delay is an hour"
     );
     m.crash()?;
@@ -293,21 +267,6 @@ fn status_wait_returns_when_everything_is_in_the_bucket() -> Result<()> {
     m.unmount()
 }
 
-/// Writes `data` to a new file and closes it, returning the first error of write() or close().
-/// With the kernel's write-back cache an error can come from either, as on a local disk; `cp`
-/// and `dd` check both.
-fn write_and_close(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
-    use std::os::fd::IntoRawFd;
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(data)?;
-    let fd = f.into_raw_fd();
-    // SAFETY: `fd` is an open descriptor that nothing else owns.
-    if unsafe { libc::close(fd) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// `--cache-size`: files closed beyond the limit wait for earlier ones to upload (their hour of
 /// write-back delay cut short) and all arrive; an open file bigger than the limit gets ENOSPC.
 #[test]
@@ -331,7 +290,7 @@ fn a_full_cache_size_waits_for_uploads_then_refuses_open_data() -> Result<()> {
     for (name, sha) in &want {
         assert_eq!(&sha256(&emu.get("cachesize", name)?), sha, "{name}");
     }
-    assert!(!keys(&emu, "cachesize")?.contains(&"huge".to_string()));
+    assert!(!emu.keys("cachesize")?.contains(&"huge".to_string()));
     m.unmount()
 }
 
@@ -461,7 +420,7 @@ fn symlinks_are_made_read_and_followed() -> Result<()> {
     assert_eq!(std::fs::read(p.join("renamed"))?, b"pointed at");
     std::fs::remove_file(p.join("renamed"))?;
     assert_eq!(emu.get("links", "dir/target.txt")?, b"pointed at");
-    assert!(!keys(&emu, "links")?.contains(&"renamed".to_string()));
+    assert!(!emu.keys("links")?.contains(&"renamed".to_string()));
     m.unmount()
 }
 

@@ -1,20 +1,51 @@
-//! `link-proxy`: a TCP proxy that makes a loopback emulator behave like a real link to GCS.
+//! `link-proxy`: a TCP proxy that makes a loopback emulator behave like a real link to GCS, and
+//! on demand like a bad one.
 //!
-//! Real GCS serves one stream slowly and many streams fast. This proxy recreates that in user
-//! space (the test kernel has no netem): every connection is capped at `--rate` bytes per
-//! second from server to client, and every request waits `--latency` before it is forwarded,
-//! which is the first-byte latency a client sees. `--up-rate` caps client-to-server bytes the
-//! same way, for uploads. A request is a burst of client bytes after a
-//! quiet moment; HTTP/1.1 clients send one request at a time per connection.
+//! Shaping. Real GCS serves one stream slowly and many streams fast. This proxy recreates that
+//! in user space (the test kernel has no netem): every connection is capped at `--rate` bytes
+//! per second from server to client, and every request waits `--latency` before it is
+//! forwarded, which is the first-byte latency a client sees. `--up-rate` caps client-to-server
+//! bytes the same way, for uploads.
 //!
-//! It prints `listening 127.0.0.1:PORT` once ready, and runs until killed.
+//! Requests. The proxy does not parse HTTP. A request starts with the first client bytes of a
+//! connection, or with client bytes that follow a quiet moment once the server has answered
+//! the previous request (HTTP/1.1 clients send one request at a time per connection, and wait
+//! for the answer before sending the next; a `100 Continue` is not an answer).
+//!
+//! Faults, all off by default and all drawn from one random generator seeded with `--seed`:
+//! - resets: per MiB relayed in a direction, the chance that the connection is reset (both
+//!   sides closed abruptly, with an RST) in the middle of the transfer;
+//! - error bursts: a new request may start a burst: it and the next requests, across
+//!   connections, are answered `503 Service Unavailable` by the proxy and never reach the server;
+//! - dropped responses: the request reaches the server whole, but when its answer starts the
+//!   client's connection is reset instead: the server acted, the client never hears;
+//! - black holes: a new request may start a period during which new requests are read and
+//!   never forwarded nor answered, their connections held open: only the client's own timeout
+//!   ends them.
+//!
+//! Control. With `--control ADDR`, a test can change the link while it runs: it connects, sends
+//! one line and reads `ok`:
+//! - `faults on` / `faults off`: inject the faults above, or stop (faults start on when any
+//!   fault flag is given);
+//! - `down`: the link is cut: open connections are reset, new ones are reset as they arrive;
+//! - `up`: the link works again;
+//! - `stats`: answers the counts of faults injected instead of `ok`.
+//!
+//! Every change prints one line with the counts to standard error, so a test log shows what the
+//! link did. It prints `listening 127.0.0.1:PORT` once ready, then `control 127.0.0.1:PORT` if
+//! asked for, and runs until killed.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -34,6 +65,44 @@ struct Args {
     /// Delay before each request is forwarded.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20ms")]
     latency: Duration,
+    /// Seed of every random fault decision (default: a random seed, printed at start).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Chance per MiB relayed from server to client that the connection is reset.
+    #[arg(long, value_parser = parse_probability, default_value = "0")]
+    reset_down_per_mib: f64,
+    /// Chance per MiB relayed from client to server that the connection is reset.
+    #[arg(long, value_parser = parse_probability, default_value = "0")]
+    reset_up_per_mib: f64,
+    /// Chance that a new request starts a burst of `503 Service Unavailable` answers.
+    #[arg(long, value_parser = parse_probability, default_value = "0")]
+    error_burst_rate: f64,
+    /// Requests answered 503 in one burst, counting the one that started it.
+    #[arg(long, default_value_t = 1)]
+    error_burst_len: u32,
+    /// Chance that a request reaches the server but its answer never reaches the client.
+    #[arg(long, value_parser = parse_probability, default_value = "0")]
+    drop_response_rate: f64,
+    /// Chance that a new request starts a black-hole period.
+    #[arg(long, value_parser = parse_probability, default_value = "0")]
+    blackhole_rate: f64,
+    /// How long a black-hole period lasts.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    blackhole_for: Duration,
+    /// Address of the control port (e.g. 127.0.0.1:0); none by default.
+    #[arg(long)]
+    control: Option<SocketAddr>,
+}
+
+impl Args {
+    /// Whether any fault is asked for; faults then start on.
+    fn any_fault(&self) -> bool {
+        self.reset_down_per_mib > 0.0
+            || self.reset_up_per_mib > 0.0
+            || self.error_burst_rate > 0.0
+            || self.drop_response_rate > 0.0
+            || self.blackhole_rate > 0.0
+    }
 }
 
 fn parse_rate(s: &str) -> Result<u64, String> {
@@ -48,69 +117,412 @@ fn parse_rate(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("invalid rate {s:?}: {e}"))
 }
 
-/// A gap in client traffic longer than this starts a new request.
+fn parse_probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("invalid probability {s:?}: a number from 0 to 1")),
+    }
+}
+
+/// A gap in client traffic longer than this may start a new request.
 const REQUEST_GAP: Duration = Duration::from_millis(2);
 /// An idle connection earns no bandwidth credit for later.
 const IDLE_RESET: Duration = Duration::from_millis(50);
+/// How long a refused client may take to read the 503 and close its side.
+const REFUSE_LINGER: Duration = Duration::from_secs(5);
+const MIB: f64 = 1024.0 * 1024.0;
+const SERVICE_UNAVAILABLE: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let listener = TcpListener::bind(args.listen).await?;
     println!("listening {}", listener.local_addr()?);
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let link = Arc::new(Link::new(args.clone(), seed));
+    if let Some(addr) = args.control {
+        let control = TcpListener::bind(addr).await?;
+        println!("control {}", control.local_addr()?);
+        tokio::spawn(serve_control(link.clone(), control));
+    }
+    if args.any_fault() {
+        eprintln!("link-proxy: seed {seed}, {}", link.summary());
+    }
     loop {
         let (client, _) = listener.accept().await?;
-        let args = args.clone();
+        let link = link.clone();
+        tokio::spawn(async move { serve(link, client).await });
+    }
+}
+
+/// What the proxy injected so far.
+#[derive(Default)]
+struct Counts {
+    requests: AtomicU64,
+    resets_up: AtomicU64,
+    resets_down: AtomicU64,
+    bursts: AtomicU64,
+    refused: AtomicU64,
+    dropped_responses: AtomicU64,
+    black_holes: AtomicU64,
+    swallowed: AtomicU64,
+    cut_by_down: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The random state of the faults: one generator, and the burst or black hole under way.
+struct Fate {
+    rng: StdRng,
+    burst_left: u32,
+    black_hole_until: Option<Instant>,
+}
+
+/// What happens to a new request.
+enum Verdict {
+    Forward { drop_response: bool },
+    Refuse,
+    Swallow,
+}
+
+/// Which way bytes flow.
+#[derive(Clone, Copy)]
+enum Direction {
+    Up,
+    Down,
+}
+
+/// The link all connections share: its settings, whether faults are on and it is up, and what
+/// it injected.
+struct Link {
+    args: Args,
+    faults_on: AtomicBool,
+    down: watch::Sender<bool>,
+    fate: Mutex<Fate>,
+    counts: Counts,
+}
+
+impl Link {
+    fn new(args: Args, seed: u64) -> Self {
+        Link {
+            faults_on: AtomicBool::new(args.any_fault()),
+            down: watch::Sender::new(false),
+            fate: Mutex::new(Fate {
+                rng: StdRng::seed_from_u64(seed),
+                burst_left: 0,
+                black_hole_until: None,
+            }),
+            counts: Counts::default(),
+            args,
+        }
+    }
+
+    fn faults_on(&self) -> bool {
+        self.faults_on.load(Ordering::SeqCst)
+    }
+
+    fn is_down(&self) -> bool {
+        *self.down.borrow()
+    }
+
+    fn fate(&self) -> std::sync::MutexGuard<'_, Fate> {
+        self.fate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Decides the fate of a new request: a black hole under way or starting swallows it, a
+    /// burst under way or starting refuses it, else it goes through, perhaps to lose its answer.
+    fn judge_request(&self) -> Verdict {
+        bump(&self.counts.requests);
+        if !self.faults_on() {
+            return Verdict::Forward {
+                drop_response: false,
+            };
+        }
+        let a = &self.args;
+        let mut fate = self.fate();
+        let now = Instant::now();
+        if fate.black_hole_until.is_some_and(|t| now < t) {
+            bump(&self.counts.swallowed);
+            return Verdict::Swallow;
+        }
+        if fate.burst_left > 0 {
+            fate.burst_left -= 1;
+            bump(&self.counts.refused);
+            return Verdict::Refuse;
+        }
+        if fate.rng.gen::<f64>() < a.blackhole_rate {
+            fate.black_hole_until = Some(now + a.blackhole_for);
+            bump(&self.counts.black_holes);
+            bump(&self.counts.swallowed);
+            return Verdict::Swallow;
+        }
+        if fate.rng.gen::<f64>() < a.error_burst_rate {
+            fate.burst_left = a.error_burst_len.saturating_sub(1);
+            bump(&self.counts.bursts);
+            bump(&self.counts.refused);
+            return Verdict::Refuse;
+        }
+        let drop_response = fate.rng.gen::<f64>() < a.drop_response_rate;
+        Verdict::Forward { drop_response }
+    }
+
+    /// Whether the connection is reset instead of relaying `n` more bytes in `dir`.
+    fn roll_reset(&self, dir: Direction, n: usize) -> bool {
+        let (per_mib, counter) = match dir {
+            Direction::Up => (self.args.reset_up_per_mib, &self.counts.resets_up),
+            Direction::Down => (self.args.reset_down_per_mib, &self.counts.resets_down),
+        };
+        if per_mib <= 0.0 || !self.faults_on() {
+            return false;
+        }
+        let chance = 1.0 - (1.0 - per_mib).powf(n as f64 / MIB);
+        let reset = self.fate().rng.gen::<f64>() < chance;
+        if reset {
+            bump(counter);
+        }
+        reset
+    }
+
+    /// Applies one control command; returns the answer line.
+    fn command(&self, cmd: &str) -> String {
+        match cmd {
+            "faults on" => self.faults_on.store(true, Ordering::SeqCst),
+            "faults off" => {
+                self.faults_on.store(false, Ordering::SeqCst);
+                let mut fate = self.fate();
+                fate.burst_left = 0;
+                fate.black_hole_until = None;
+            }
+            "down" => {
+                self.down.send_replace(true);
+            }
+            "up" => {
+                self.down.send_replace(false);
+            }
+            "stats" => return format!("{}\n", self.summary()),
+            _ => return format!("error: unknown command {cmd:?}\n"),
+        }
+        eprintln!("link-proxy: {cmd}: {}", self.summary());
+        "ok\n".into()
+    }
+
+    /// One line with the state and what was injected.
+    fn summary(&self) -> String {
+        let c = &self.counts;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "faults {}, link {}; requests {}, resets {} (up {}, down {}), 503 bursts {} \
+             ({} requests refused), dropped responses {}, black holes {} ({} requests \
+             swallowed), connections cut by down {}",
+            if self.faults_on() { "on" } else { "off" },
+            if self.is_down() { "down" } else { "up" },
+            n(&c.requests),
+            n(&c.resets_up) + n(&c.resets_down),
+            n(&c.resets_up),
+            n(&c.resets_down),
+            n(&c.bursts),
+            n(&c.refused),
+            n(&c.dropped_responses),
+            n(&c.black_holes),
+            n(&c.swallowed),
+            n(&c.cut_by_down),
+        )
+    }
+}
+
+/// Answers control connections: one command line each.
+async fn serve_control(link: Arc<Link>, listener: TcpListener) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let link = link.clone();
         tokio::spawn(async move {
-            if let Ok(server) = TcpStream::connect(args.upstream).await {
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                relay(client, server, &args).await;
+            let (r, mut w) = stream.into_split();
+            let mut line = String::new();
+            if BufReader::new(r).read_line(&mut line).await.is_ok() {
+                let reply = link.command(line.trim());
+                let _ = w.write_all(reply.as_bytes()).await;
             }
         });
     }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, args: &Args) {
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
-    let latency = args.latency;
-    let mut up_shaper = Shaper::new(args.up_rate);
-    let mut down_shaper = Shaper::new(args.rate.max(1));
-    let upstream = async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut last = None::<Instant>;
-        loop {
-            let n = match cr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if last.is_none_or(|t| t.elapsed() > REQUEST_GAP) {
-                tokio::time::sleep(latency).await;
-            }
-            if sw.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-            up_shaper.sent(n).await;
-            last = Some(Instant::now());
-        }
-        let _ = sw.shutdown().await;
+/// Closes a connection abruptly: the peer sees a reset, not an orderly end.
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+/// Resolves once the link is down (at once if it already is).
+async fn link_down(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|down| *down).await;
+}
+
+/// How a relay ended early.
+enum Cut {
+    /// Reset both sides: a reset fault, a dropped response, or the link went down.
+    Reset,
+    /// Answer the client 503 and close.
+    Refuse,
+    /// Hold the client's connection open and never answer.
+    Swallow,
+}
+
+/// What one connection's two directions share.
+#[derive(Default)]
+struct Conn {
+    /// The server sent bytes since the current request started.
+    answered: AtomicBool,
+    /// The answer to the current request is to be dropped.
+    drop_response: AtomicBool,
+}
+
+/// Serves one client connection until either side closes or a fault ends it.
+async fn serve(link: Arc<Link>, mut client: TcpStream) {
+    let mut down = link.down.subscribe();
+    if link.is_down() {
+        bump(&link.counts.cut_by_down);
+        return reset(client);
+    }
+    let Ok(mut server) = TcpStream::connect(link.args.upstream).await else {
+        return reset(client);
     };
-    let downstream = async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match sr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if cw.write_all(&buf[..n]).await.is_err() {
-                break;
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let conn = Conn::default();
+    let cut = {
+        let (cr, cw) = client.split();
+        let (sr, sw) = server.split();
+        let both = async {
+            tokio::try_join!(
+                pump_up(&link, &conn, cr, sw),
+                pump_down(&link, &conn, sr, cw)
+            )
+        };
+        tokio::select! {
+            r = both => r.err(),
+            _ = link_down(&mut down) => {
+                bump(&link.counts.cut_by_down);
+                Some(Cut::Reset)
             }
-            down_shaper.sent(n).await;
         }
-        let _ = cw.shutdown().await;
     };
-    tokio::join!(upstream, downstream);
+    match cut {
+        None => {}
+        Some(Cut::Reset) => {
+            reset(server);
+            reset(client);
+        }
+        Some(Cut::Refuse) => {
+            drop(server);
+            refuse(client).await;
+        }
+        Some(Cut::Swallow) => {
+            drop(server);
+            hold(client, &mut down).await;
+        }
+    }
+}
+
+/// Relays client to server, judging each new request and rolling for resets.
+async fn pump_up(
+    link: &Link,
+    conn: &Conn,
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+) -> Result<(), Cut> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut shaper = Shaper::new(link.args.up_rate);
+    let mut last = None::<Instant>;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let new_request = match last {
+            None => true,
+            Some(t) => t.elapsed() > REQUEST_GAP && conn.answered.swap(false, Ordering::SeqCst),
+        };
+        if new_request {
+            match link.judge_request() {
+                Verdict::Forward { drop_response } => {
+                    conn.drop_response.store(drop_response, Ordering::SeqCst)
+                }
+                Verdict::Refuse => return Err(Cut::Refuse),
+                Verdict::Swallow => return Err(Cut::Swallow),
+            }
+            tokio::time::sleep(link.args.latency).await;
+        }
+        if link.roll_reset(Direction::Up, n) {
+            return Err(Cut::Reset);
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        shaper.sent(n).await;
+        last = Some(Instant::now());
+    }
+    let _ = to.shutdown().await;
+    Ok(())
+}
+
+/// Relays server to client, dropping an answer when told to and rolling for resets.
+async fn pump_down(
+    link: &Link,
+    conn: &Conn,
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+) -> Result<(), Cut> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut shaper = Shaper::new(link.args.rate.max(1));
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // An interim answer (100 Continue) is not the answer: the body follows it.
+        if !buf[..n].starts_with(b"HTTP/1.1 1") {
+            conn.answered.store(true, Ordering::SeqCst);
+            if conn.drop_response.swap(false, Ordering::SeqCst) {
+                bump(&link.counts.dropped_responses);
+                return Err(Cut::Reset);
+            }
+        }
+        if link.roll_reset(Direction::Down, n) {
+            return Err(Cut::Reset);
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        shaper.sent(n).await;
+    }
+    let _ = to.shutdown().await;
+    Ok(())
+}
+
+/// Answers 503 and closes, reading what the client still sends so that closing does not reset
+/// the connection before the client has read the answer.
+async fn refuse(mut client: TcpStream) {
+    let _ = client.write_all(SERVICE_UNAVAILABLE).await;
+    let _ = client.shutdown().await;
+    let mut buf = vec![0u8; 64 * 1024];
+    let _ = tokio::time::timeout(REFUSE_LINGER, async {
+        while matches!(client.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// Reads and discards what the client sends, never answering, until it gives up or the link
+/// goes down.
+async fn hold(mut client: TcpStream, down: &mut watch::Receiver<bool>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let read_all = async { while matches!(client.read(&mut buf).await, Ok(n) if n > 0) {} };
+    tokio::select! {
+        _ = read_all => {}
+        _ = link_down(down) => {}
+    }
+    reset(client);
 }
 
 /// Holds one direction of a connection to `rate` bytes per second, measured from the start of

@@ -1,14 +1,17 @@
-//! Support for the end-to-end suites: the emulator harness and the mount guard.
+//! Support for the end-to-end suites: the emulator harness, the link proxy and the mount guard.
 //!
 //! - [`Emulator`] starts fake-gcs-server over plain HTTP on a free loopback port with the
 //!   memory backend, creates buckets, and reads and writes objects directly (not through a
 //!   mount), so tests can check what is really in the bucket. It stops the server on drop.
+//! - [`Proxy`] runs `link-proxy` in front of an emulator: a link a test can shape, fill with
+//!   faults, cut and restore while a mount uses it. It stops the proxy on drop.
 //! - [`Mount`] runs `bucketdrive mount --foreground` and waits for the mount to appear. On drop,
 //!   even during a panic, it sends SIGTERM, waits, and falls back to `umount -l`, so no test
 //!   leaves a stale mount behind.
 
-use std::io::Read;
-use std::net::TcpListener;
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,6 +35,11 @@ pub fn bucketdrive_bin() -> PathBuf {
     std::env::var_os("BUCKETDRIVE_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| target_dir().join("debug").join("bucketdrive"))
+}
+
+/// The `link-proxy` binary, built beside `bucketdrive`.
+pub fn link_proxy_bin() -> PathBuf {
+    bucketdrive_bin().with_file_name("link-proxy")
 }
 
 /// The emulator binary: `$FAKE_GCS_SERVER`, else the one in the repository's `.venv`.
@@ -149,6 +157,69 @@ impl Emulator {
         Ok(())
     }
 
+    /// Reads an object directly from the bucket; `None` if there is no such object.
+    pub fn get_opt(&self, bucket: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        match self.get(bucket, key) {
+            Ok(data) => Ok(Some(data)),
+            Err(e) => match e.downcast_ref::<ureq::Error>() {
+                Some(ureq::Error::Status(404, _)) => Ok(None),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Every key in the bucket, sorted, listed directly from the emulator.
+    pub fn keys(&self, bucket: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = self
+                .agent
+                .get(&format!("{}/storage/v1/b/{bucket}/o", self.url()))
+                .query("maxResults", "1000");
+            if let Some(t) = &token {
+                req = req.query("pageToken", t);
+            }
+            let body = req.call()?.into_string()?;
+            // Test keys need no JSON unescaping.
+            for part in body.split("\"name\":\"").skip(1) {
+                if let Some(end) = part.find('"') {
+                    out.push(part[..end].to_string());
+                }
+            }
+            token = json_string_field(&body, "nextPageToken");
+            if token.is_none() {
+                break;
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// The generation of `key`, or `None` if there is no such object.
+    pub fn generation(&self, bucket: &str, key: &str) -> Result<Option<String>> {
+        match self.metadata(bucket, key) {
+            Ok(meta) => Ok(json_string_field(&meta, "generation")),
+            Err(e) => match e.downcast_ref::<ureq::Error>() {
+                Some(ureq::Error::Status(404, _)) => Ok(None),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Every object in the bucket with its bytes, read directly from the emulator (an object
+    /// deleted between the listing and its read is left out).
+    pub fn objects(&self, bucket: &str) -> Result<BTreeMap<String, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        for key in self.keys(bucket)? {
+            if let Some(data) = self.get_opt(bucket, &key)? {
+                out.insert(key, data);
+            }
+        }
+        Ok(out)
+    }
+
     /// Reads an object directly from the bucket.
     pub fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
         let resp = self
@@ -184,6 +255,105 @@ impl Drop for Emulator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A running `link-proxy` in front of an emulator, with its control port.
+pub struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+    control: SocketAddr,
+}
+
+impl Proxy {
+    /// Starts `link-proxy` in front of `emu` with extra `args` (shaping and fault flags). Its
+    /// fault summaries go to this process's standard error.
+    pub fn start(emu: &Emulator, args: &[&str]) -> Result<Self> {
+        let mut child = Command::new(link_proxy_bin())
+            .args(["--upstream", &format!("127.0.0.1:{}", emu.port)])
+            .args(["--control", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", link_proxy_bin().display()))?;
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let mut field = |name: &str| -> Result<SocketAddr> {
+            let line = lines
+                .next()
+                .ok_or_else(|| anyhow::anyhow!("link-proxy exited before printing {name}"))??;
+            let addr = line
+                .strip_prefix(name)
+                .ok_or_else(|| anyhow::anyhow!("link-proxy printed {line:?}, not {name}"))?;
+            Ok(addr.trim().parse()?)
+        };
+        let started = (|| Ok::<_, anyhow::Error>((field("listening")?, field("control")?)))();
+        match started {
+            Ok((addr, control)) => Ok(Proxy {
+                child,
+                addr,
+                control,
+            }),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// The endpoint URL a mount uses to go through the proxy.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Turns fault injection on or off (shaping stays).
+    pub fn faults(&self, on: bool) -> Result<()> {
+        self.send(if on { "faults on" } else { "faults off" })
+    }
+
+    /// Cuts the link: open connections are reset, new ones too, until [`Self::up`].
+    pub fn down(&self) -> Result<()> {
+        self.send("down")
+    }
+
+    pub fn up(&self) -> Result<()> {
+        self.send("up")
+    }
+
+    /// One line: the link's state and the faults injected so far.
+    pub fn stats(&self) -> Result<String> {
+        self.exchange("stats")
+    }
+
+    fn send(&self, cmd: &str) -> Result<()> {
+        let reply = self.exchange(cmd)?;
+        anyhow::ensure!(reply == "ok", "link-proxy answered {reply:?} to {cmd:?}");
+        Ok(())
+    }
+
+    fn exchange(&self, cmd: &str) -> Result<String> {
+        let mut s = TcpStream::connect_timeout(&self.control, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(format!("{cmd}\n").as_bytes())?;
+        let mut reply = String::new();
+        s.read_to_string(&mut reply)?;
+        Ok(reply.trim().to_string())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The first string value of `"field":"…"` in a JSON text (no unescaping).
+fn json_string_field(json: &str, field: &str) -> Option<String> {
+    json.split(&format!("\"{field}\":\""))
+        .nth(1)
+        .and_then(|p| p.split('"').next())
+        .map(str::to_owned)
 }
 
 /// Percent-encodes an object name for a URL path segment.
@@ -229,13 +399,23 @@ impl Mount {
 
     /// Mounts with the given cache directory, which outlives the mount (for crash tests).
     pub fn with_cache(emu: &Emulator, spec: &str, cache_dir: &Path, args: &[&str]) -> Result<Self> {
+        Self::with_endpoint(&emu.url(), spec, cache_dir, args)
+    }
+
+    /// Mounts through `endpoint` (e.g. a [`Proxy`]'s URL) with the given cache directory.
+    pub fn with_endpoint(
+        endpoint: &str,
+        spec: &str,
+        cache_dir: &Path,
+        args: &[&str],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
         let log = dir.path().with_extension("log");
         let child = Command::new(bucketdrive_bin())
             .arg("mount")
             .arg(spec)
             .arg(dir.path())
-            .args(["--foreground", "--anonymous", "--endpoint", &emu.url()])
+            .args(["--foreground", "--anonymous", "--endpoint", endpoint])
             .arg("--log-file")
             .arg(&log)
             .arg("--cache-dir")
@@ -285,12 +465,66 @@ impl Mount {
         Ok(String::from_utf8(out.stdout)?)
     }
 
+    /// Like [`Self::command`], but kills the command and fails if it runs longer than `limit`
+    /// (a wait that never ends fails the test instead of hanging it).
+    pub fn command_within(&self, limit: Duration, cmd: &str, args: &[&str]) -> Result<String> {
+        let mut child = Command::new(bucketdrive_bin())
+            .arg(cmd)
+            .args(args)
+            .arg(self.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        // The output is a few lines: it fits the pipes while the command runs.
+        let deadline = Instant::now() + limit;
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("bucketdrive {cmd} {args:?} did not finish within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bucketdrive {cmd} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// `bucketdrive status --wait`, bounded by `limit`: returns once everything written is in
+    /// the bucket; fails (with the status and the end of the log) when that takes longer.
+    pub fn wait_uploaded(&self, limit: Duration) -> Result<String> {
+        self.command_within(limit, "status", &["--wait"])
+            .map_err(|e| {
+                let status = self
+                    .command_within(Duration::from_secs(10), "status", &[])
+                    .unwrap_or_else(|e| e.to_string());
+                anyhow::anyhow!(
+                    "{e}\nstatus now:\n{status}\nbucketdrive log (last lines):\n{}",
+                    self.log_tail(30)
+                )
+            })
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `n` lines of the log, indented.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|l| format!("  {l}\n"))
+            .collect()
     }
 
     /// Process id of the bucketdrive serving this mount.
@@ -341,12 +575,7 @@ impl Mount {
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
         }
         if !clean {
-            let log = self.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            eprintln!("bucketdrive log (last lines):");
-            for line in tail.iter().rev() {
-                eprintln!("  {line}");
-            }
+            eprintln!("bucketdrive log (last lines):\n{}", self.log_tail(40));
         }
         let _ = std::fs::remove_file(&self.log);
         if clean {
@@ -361,6 +590,27 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// Closes `f` and returns the error of close(2), which dropping a `File` ignores. On a
+/// bucketdrive mount a close commits the file (with the kernel's write-back cache, an error of
+/// an earlier write can also surface here), as `cp` and `dd` check.
+pub fn close_checked(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` is an open descriptor that nothing else owns.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes `data` to a new (or truncated) file and closes it, returning the first error of
+/// write() or close().
+pub fn write_and_close(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    close_checked(f)
 }
 
 /// Polls the bucket until `key` holds bytes with sha256 `want`, for up to `secs` seconds.
