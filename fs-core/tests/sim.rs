@@ -727,6 +727,10 @@ impl Sim {
         self.run(self.fs().release(fh))?;
         if r.is_ok() {
             self.model.ack(file);
+        } else {
+            // The close failed (the bytes it still needed from the bucket were out of reach):
+            // the changes are kept and saved once the bucket is back, as the core promises.
+            self.model.maybe(file);
         }
         Ok(r)
     }

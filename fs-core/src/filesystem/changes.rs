@@ -48,7 +48,10 @@ impl<S: ObjectStore> Filesystem<S> {
             .await
         {
             Ok(_) => {}
-            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => return Err(FsError::Exists),
+            // The name was free a moment ago: this is our own marker whose answer was lost (the
+            // retry then found it), or another mkdir of the same name. The directory exists,
+            // as asked.
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {}
             Err(e) => return Err(e.into()),
         }
         self.ns.note(&path, Entry::Dir);
@@ -191,6 +194,11 @@ impl<S: ObjectStore> Filesystem<S> {
         let result = self.rename_file_paused(from, to, &src_key, &dst_key).await;
         w.resume(paused.0).await;
         w.resume(paused.1).await;
+        if result.is_err() {
+            // Part of it may have happened: both names are asked about again.
+            self.ns.forget_tree(from);
+            self.ns.forget_tree(to);
+        }
         result
     }
 
@@ -218,22 +226,21 @@ impl<S: ObjectStore> Filesystem<S> {
         if src_meta.is_none() && !src_local {
             return Err(FsError::NotFound);
         }
+        if let Some(item) = w.item(&src_key) {
+            // What was written to the source becomes a version before the rename, as ext4
+            // does for a rename over a file: the "write a temporary, rename it over" save never
+            // leaves the target empty or old after a crash.
+            if let Err(e) = w.commit(&item).await {
+                tracing::warn!(key = %src_key, error = %e, "could not save the file before renaming it; its unsaved changes follow it");
+            }
+        }
         match &src_meta {
             Some(m) => {
                 let pre = dst_meta.as_ref().map_or(Precondition::DoesNotExist, |d| {
                     Precondition::GenerationMatch(d.generation)
                 });
                 let copied = self.copy_checked(m, &dst_key, pre).await?;
-                match self
-                    .ns
-                    .store()
-                    .delete(&src_key, Precondition::GenerationMatch(m.generation))
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(e) if e.kind == StoreErrorKind::NotFound => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.delete_checked(m).await?;
                 if src_local {
                     w.rename(&src_key, &dst_key, Some(&copied)).await?;
                 } else {
@@ -265,31 +272,48 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// Server-side copy of `src` to `dest`. A precondition failure is checked: when the copy's
-    /// first try landed and only its answer was lost, the object at `dest` is already `src`'s
-    /// bytes, and that is success, not `ESTALE`.
+    /// Deletes the object `m` (that generation only). A failure is checked before it is
+    /// believed: when a try landed and only its answer was lost, the object is gone, and that
+    /// is success.
+    async fn delete_checked(&self, m: &ObjectMeta) -> FsResult<()> {
+        let store = self.ns.store();
+        match store
+            .delete(&m.key, Precondition::GenerationMatch(m.generation))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
+            Err(e) if e.is_retryable() => match store.head(&m.key).await {
+                Err(h) if h.kind == StoreErrorKind::NotFound => Ok(()),
+                _ => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Server-side copy of `src` to `dest`. A failure is checked before it is believed: when a
+    /// try landed and only its answer was lost (the retry then fails its precondition, or the
+    /// retries run out), the object at `dest` already holds `src`'s bytes, and that is success.
     async fn copy_checked(
         &self,
         src: &ObjectMeta,
         dest: &str,
         pre: Precondition,
     ) -> FsResult<ObjectMeta> {
-        match self
+        let err = match self
             .ns
             .store()
             .copy(&src.key, src.generation, dest, pre)
             .await
         {
-            Ok(m) => Ok(m),
-            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
-                match self.ns.store().head(dest).await {
-                    Ok(m) if m.size == src.size && m.crc32c.is_some() && m.crc32c == src.crc32c => {
-                        Ok(m)
-                    }
-                    _ => Err(FsError::Stale),
-                }
-            }
-            Err(e) => Err(e.into()),
+            Ok(m) => return Ok(m),
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed || e.is_retryable() => e,
+            Err(e) => return Err(e.into()),
+        };
+        match self.ns.store().head(dest).await {
+            Ok(m) if m.size == src.size && m.crc32c.is_some() && m.crc32c == src.crc32c => Ok(m),
+            _ if err.kind == StoreErrorKind::PreconditionFailed => Err(FsError::Stale),
+            _ => Err(err.into()),
         }
     }
 
