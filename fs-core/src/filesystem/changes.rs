@@ -130,19 +130,12 @@ impl<S: ObjectStore> Filesystem<S> {
         };
         match found {
             Some(Entry::Dir) => return Err(FsError::IsDir),
-            Some(Entry::File(m)) => match self
-                .ns
-                .store()
-                .delete(key, Precondition::GenerationMatch(m.generation))
-                .await
-            {
+            Some(Entry::File(m)) => match self.delete_checked(&m).await {
                 Ok(()) => {}
-                Err(e) if e.kind == StoreErrorKind::NotFound => {}
-                Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
+                Err(e) => {
                     self.ns.forget_tree(path);
-                    return Err(FsError::Stale);
+                    return Err(e);
                 }
-                Err(e) => return Err(e.into()),
             },
             None if staged => {}
             None => return Err(FsError::NotFound),
@@ -283,6 +276,8 @@ impl<S: ObjectStore> Filesystem<S> {
         {
             Ok(()) => Ok(()),
             Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
+            // Someone else replaced it: not ours to delete.
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => Err(FsError::Stale),
             Err(e) if e.is_retryable() => match store.head(&m.key).await {
                 Err(h) if h.kind == StoreErrorKind::NotFound => Ok(()),
                 _ => Err(e.into()),
