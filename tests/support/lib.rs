@@ -266,16 +266,23 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts `link-proxy` in front of `emu` with extra `args` (shaping and fault flags). Its
-    /// fault summaries go to this process's standard error.
+    /// fault summaries are printed as the test's own output (so captured like it).
     pub fn start(emu: &Emulator, args: &[&str]) -> Result<Self> {
         let mut child = Command::new(link_proxy_bin())
             .args(["--upstream", &format!("127.0.0.1:{}", emu.port)])
             .args(["--control", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", link_proxy_bin().display()))?;
+        let summaries = std::io::BufReader::new(child.stderr.take().expect("piped stderr"));
+        // A thread spawned by a test prints into that test's captured output.
+        std::thread::spawn(move || {
+            for line in summaries.lines().map_while(std::result::Result::ok) {
+                eprintln!("{line}");
+            }
+        });
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
         let mut field = |name: &str| -> Result<SocketAddr> {
             let line = lines
