@@ -122,7 +122,7 @@ impl<S: ObjectStore> Filesystem<S> {
     pub async fn start(&self) -> Result<usize, String> {
         let Some(w) = &self.write else { return Ok(0) };
         let n = w.replay().await?;
-        w.remove_orphan_parts().await;
+        w.start_orphan_cleanup();
         Ok(n)
     }
 

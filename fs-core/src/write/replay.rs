@@ -22,6 +22,9 @@ use super::staging::{crc32c_of_file, StagingFile};
 use super::writeback::WriteBack;
 use crate::store::{ListRequest, ObjectStore, Precondition};
 
+/// Listing attempts of the start-up cleanup before it leaves the rest to the next mount.
+const CLEANUP_ROUNDS: u32 = 12;
+
 /// Age past which another mount's temporary parts are taken for abandoned.
 pub const FOREIGN_PARTS_AGE: Duration = Duration::from_secs(2 * 24 * 3600);
 
@@ -158,9 +161,31 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
+    /// Starts removing temporary parts nobody needs, in the background, trying again with
+    /// backoff while the bucket cannot be listed; a drain waits for it.
+    pub fn start_orphan_cleanup(self: &std::sync::Arc<Self>) {
+        self.cleanups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(200);
+            for _ in 0..CLEANUP_ROUNDS {
+                if me.remove_orphan_parts().await {
+                    break;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+            }
+            me.cleanups
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            me.settled.notify_waiters();
+        });
+    }
+
     /// Deletes temporary part objects nobody needs: this cache directory's, unless a live
-    /// version may use them, and other mounts' once they are old.
-    pub async fn remove_orphan_parts(&self) {
+    /// version may use them, and other mounts' once they are old. Returns whether the whole
+    /// listing was gone through.
+    pub async fn remove_orphan_parts(&self) -> bool {
         let root = self.cfg.upload.temp_prefix.clone();
         let own = format!("{root}{}/", self.dir.tag());
         // Versions made from now on have higher ids and are never touched.
@@ -177,7 +202,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not list temporary parts to clean up");
-                    return;
+                    return false;
                 }
             };
             let live = self.live_version_ids().await;
@@ -206,7 +231,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             token = page.next_page_token;
             if token.is_none() {
-                return;
+                return true;
             }
         }
     }
