@@ -996,7 +996,13 @@ impl Sim {
             return Ok(true);
         };
         let before = (self.expected(&from), self.expected(&to));
+        let moved = self.model.live(&from);
         let r = self.run(self.fs().rename(p1, &n1, p2, &n2))?;
+        // A rename saves what was written to the file first (as ext4 does for a rename over a
+        // file), so its current content may be durable from here on, whatever the outcome.
+        if let Some(id) = moved {
+            self.model.maybe(id);
+        }
         let over = if before.1 == Obs::Missing {
             ""
         } else {

@@ -327,12 +327,14 @@ impl<S: ObjectStore> Filesystem<S> {
 
     async fn rename_dir_paused(&self, from: &str, to: &str) -> FsResult<()> {
         let w = self.writer()?;
-        match self.entry_at(to).await {
+        // An empty directory at the target is replaced; a failed rename must leave it there.
+        let target_existed = match self.entry_at(to).await {
             Ok(Entry::File(_)) => return Err(FsError::NotDir),
             Ok(Entry::Dir) if self.dir_has_children(to).await? => return Err(FsError::NotEmpty),
-            Ok(Entry::Dir) | Err(FsError::NotFound) => {}
+            Ok(Entry::Dir) => true,
+            Err(FsError::NotFound) => false,
             Err(e) => return Err(e),
-        }
+        };
         let src_prefix = format!("{}/", self.ns.key_of(from));
         let dst_prefix = format!("{}/", self.ns.key_of(to));
         // Everything under the directory, at any depth; refuse before copying anything if it
@@ -356,26 +358,36 @@ impl<S: ObjectStore> Filesystem<S> {
                 break;
             }
         }
-        let mut copied = HashMap::new();
+        let mut copied: HashMap<String, ObjectMeta> = HashMap::new();
         for o in &objects {
             let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
-            let meta = self
-                .ns
-                .store()
-                .copy(&o.key, o.generation, &dest, Precondition::None)
-                .await?;
-            copied.insert(o.key.clone(), meta);
+            match self.copy_checked(o, &dest, Precondition::None).await {
+                Ok(meta) => {
+                    copied.insert(o.key.clone(), meta);
+                }
+                Err(e) => {
+                    // Nothing is deleted yet: take the copies back, so a failed rename leaves
+                    // the directory where it was (what cannot be taken back is logged).
+                    let marker = dst_prefix.as_str();
+                    for meta in copied
+                        .values()
+                        .filter(|m| !(target_existed && m.key == marker))
+                    {
+                        if let Err(d) = self.delete_checked(meta).await {
+                            tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
+                        }
+                    }
+                    self.ns.forget_tree(to);
+                    return Err(e);
+                }
+            }
         }
         for o in &objects {
-            match self
-                .ns
-                .store()
-                .delete(&o.key, Precondition::GenerationMatch(o.generation))
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if e.kind == StoreErrorKind::NotFound => {}
-                Err(e) => return Err(e.into()),
+            if let Err(e) = self.delete_checked(o).await {
+                // Past the point of no return: some objects are under each name.
+                self.ns.forget_tree(from);
+                self.ns.forget_tree(to);
+                return Err(e);
             }
         }
         for (key, _) in w.local_under(&src_prefix) {
