@@ -439,7 +439,19 @@ impl<S: ObjectStore> Filesystem<S> {
             .await
         {
             Ok(m) => m,
-            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => return Err(FsError::Exists),
+            // The name was free a moment ago: a link to the same target there now is our own
+            // write whose answer was lost (the retry then found it).
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
+                match self.ns.store().head(&key).await {
+                    Ok(m)
+                        if m.size == 0
+                            && m.metadata.get(SYMLINK_KEY).map(String::as_str) == Some(target) =>
+                    {
+                        m
+                    }
+                    _ => return Err(FsError::Exists),
+                }
+            }
             Err(e) => return Err(e.into()),
         };
         let entry = Entry::File(Arc::new(meta));
