@@ -13,6 +13,12 @@ cargo build --workspace --exclude fs-windows --quiet
 cargo clippy --workspace --exclude fs-windows --all-targets --quiet -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --exclude fs-windows "$@" 2>&1 | tee "$log"
+# The seeded simulation and soak run on their own below, so that their seeds, counts and
+# injected faults are printed even when they pass.
+cargo test --workspace --exclude fs-windows "$@" -- --skip sim_seeds \
+  --skip soak_random_operations_with_faults_and_daemon_kills 2>&1 | tee "$log"
+cargo test -p fs-core --test sim sim_seeds -- --nocapture 2>&1 | tee -a "$log"
+cargo test -p bucketdrive-tests --test faults soak_random_operations_with_faults_and_daemon_kills \
+  -- --nocapture --test-threads 1 2>&1 | grep -v '^link-proxy: ' | tee -a "$log"
 # One closing line for the whole workspace (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "\n%d passed, %d failed\n", p, f }' "$log"
