@@ -122,7 +122,7 @@ impl<S: ObjectStore> Filesystem<S> {
             return self.getattr(ino).await;
         }
         // Staged and not in the bucket yet: the change goes up with the file.
-        let item = w.open(&key, None, false).await?;
+        let item = self.open_item(&path, &key, false).await?;
         w.set_posix(&item, posix, true).await;
         let closed = w.close(&item).await;
         w.release(&item).await;

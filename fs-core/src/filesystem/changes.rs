@@ -108,7 +108,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let path = self.child_path(parent, name)?;
         let key = self.ns.key_of(&path);
         let paused = w.pause(&key).await;
-        let result = self.unlink_paused(&path, &key, paused.is_some()).await;
+        let result = self.unlink_paused(&path, &key, w.is_staged(&key)).await;
         w.resume(paused).await;
         result?;
         self.ns.note_missing(&path);
@@ -234,8 +234,10 @@ impl<S: ObjectStore> Filesystem<S> {
                 });
                 let copied = self.copy_checked(m, &dst_key, pre).await?;
                 self.delete_checked(m).await?;
-                if src_local {
-                    w.rename(&src_key, &dst_key, Some(&copied)).await?;
+                // Whatever item holds the source now moves (one may have been made during the
+                // pause); without one, an item of the replaced target goes.
+                if w.is_staged(&src_key) {
+                    w.rename(&src_key, &dst_key, Some(&copied), Some(m)).await?;
                 } else {
                     w.unlink(&dst_key).await?;
                 }
@@ -244,7 +246,8 @@ impl<S: ObjectStore> Filesystem<S> {
             None => {
                 // Only staged so far: the pending upload follows the new name, replacing what
                 // is there now.
-                w.rename(&src_key, &dst_key, dst_meta.as_deref()).await?;
+                w.rename(&src_key, &dst_key, dst_meta.as_deref(), None)
+                    .await?;
                 self.ns.forget_tree(to);
             }
         }
@@ -319,9 +322,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let src_prefix = format!("{}/", self.ns.key_of(from));
         let paused = w.pause_under(&src_prefix).await;
         let result = self.rename_dir_paused(from, to).await;
-        for item in paused {
-            w.resume(Some(item)).await;
-        }
+        w.resume(paused).await;
         result
     }
 
@@ -392,7 +393,8 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         for (key, _) in w.local_under(&src_prefix) {
             let dest = format!("{dst_prefix}{}", &key[src_prefix.len()..]);
-            w.rename(&key, &dest, copied.get(&key)).await?;
+            let src = objects.iter().find(|o| o.key == key);
+            w.rename(&key, &dest, copied.get(&key), src).await?;
         }
         if !copied.contains_key(&src_prefix) {
             // Keep the new directory visible even if nothing of it is in the bucket yet.

@@ -278,3 +278,84 @@ async fn a_directory_renamed_away_can_be_made_again() {
     assert_eq!(&store.object_bytes("d3/a").unwrap()[..], b"staged");
     assert!(store.object_bytes("d1/a").is_none());
 }
+
+/// A resumable upload whose last chunk landed but whose answer was lost, then an append: the
+/// newer version must not take the older version's finished session for its own upload.
+#[tokio::test]
+async fn an_append_after_a_lost_final_chunk_is_uploaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let mut w = wcfg(&dir.path().join("c"), Duration::ZERO);
+    w.upload.mode = crate::write::upload::UploadMode::Resumable;
+    let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap();
+    let v1 = bytes(100_000, 3);
+    store.lose_final_answers(1);
+    let (attr, h) = fs.create(ROOT_INO, "f").await.unwrap();
+    fs.write(h.fh, 0, &v1).await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    for _ in 0..200 {
+        if fs.write_status().await.failed_files == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(store.object_bytes("f").unwrap(), v1, "v1 landed unseen");
+    fs.write(h.fh, v1.len() as u64, b"APPENDED").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    let mut v2 = v1.clone();
+    v2.extend_from_slice(b"APPENDED");
+    assert_eq!(read_all(&fs, attr.ino).await, v2);
+    assert_eq!(
+        store.object_bytes("f").unwrap(),
+        v2,
+        "the append reached the bucket"
+    );
+    assert!(temp_parts(&store).is_empty(), "{:?}", temp_parts(&store));
+}
+
+/// A damaged journal line (not a torn last one) keeps the staged data it named: the file is
+/// set aside, never deleted.
+#[test]
+fn a_damaged_journal_line_keeps_its_staged_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let fs = mount(&store, &cache, Duration::from_secs(3600));
+            for name in ["a", "b"] {
+                let (_, h) = fs.create(ROOT_INO, name).await.unwrap();
+                fs.write(h.fh, 0, b"acknowledged bytes").await.unwrap();
+                fs.flush(h.fh).await.unwrap();
+                fs.release(h.fh).await;
+            }
+        });
+    }
+    let staged = || std::fs::read_dir(cache.join("staging")).unwrap().count();
+    assert_eq!(staged(), 2);
+    let log = cache.join("journal/journal.log");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let damaged = text.replacen("\"key\":\"a\"", "\"key\":\"q\"", 1);
+    assert_ne!(text, damaged);
+    std::fs::write(&log, damaged).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(&store, &cache, Duration::ZERO);
+        assert_eq!(
+            fs.start().await.unwrap(),
+            1,
+            "the readable record is replayed"
+        );
+        assert_eq!(fs.drain(false).await, 0);
+    });
+    assert_eq!(&store.object_bytes("b").unwrap()[..], b"acknowledged bytes");
+    let aside: Vec<_> = std::fs::read_dir(cache.join("staging"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "orphan"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the damaged record's data is kept aside");
+}

@@ -156,6 +156,10 @@ pub struct MemoryStore {
     faults: Mutex<Faults>,
     /// Retries of transient failures, as `GcsStore` makes them per request (`None`: none).
     retry: Mutex<Option<RetryPolicy>>,
+    /// Resumable sessions that made their object, and the object.
+    finished: Mutex<HashMap<String, ObjectMeta>>,
+    /// The next this-many last chunks of resumable uploads land, then lose their answer.
+    lose_final_answers: AtomicU64,
     pub counts: RequestCounts,
 }
 
@@ -176,6 +180,12 @@ impl MemoryStore {
             &WriteOptions::default(),
         )
         .expect("an unconditional write cannot fail")
+    }
+
+    /// Makes the next `n` resumable uploads finish their object and then lose the answer to
+    /// their last chunk (a later query of the session answers with the object, as GCS does).
+    pub fn lose_final_answers(&self, n: u64) {
+        self.lose_final_answers.store(n, Ordering::SeqCst);
     }
 
     /// Makes the next `n` requests fail with a transient error.
@@ -718,6 +728,10 @@ impl MemoryStore {
         data: Bytes,
         total: Option<u64>,
     ) -> StoreResult<ChunkOutcome> {
+        // As GCS does, a session that made its object answers any later request with it.
+        if let Some(meta) = self.finished.lock().get(&session.url) {
+            return Ok(ChunkOutcome::Done(meta.clone()));
+        }
         let mut uploads = self.uploads.lock();
         let up = uploads
             .get_mut(&session.url)
@@ -740,8 +754,21 @@ impl MemoryStore {
                 whole.extend_from_slice(&data);
                 let (key, pre, opts) = (up.key.clone(), up.pre, up.opts.clone());
                 uploads.remove(&session.url);
-                self.commit_locked(&mut objects, &key, Bytes::from(whole), pre, &opts)
-                    .map(ChunkOutcome::Done)
+                let meta =
+                    self.commit_locked(&mut objects, &key, Bytes::from(whole), pre, &opts)?;
+                self.finished
+                    .lock()
+                    .insert(session.url.clone(), meta.clone());
+                let lose = self
+                    .lose_final_answers
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if lose {
+                    return Err(transient(
+                        "injected: the last chunk landed, its answer was lost",
+                    ));
+                }
+                Ok(ChunkOutcome::Done(meta))
             }
             Some(_) => Err(StoreError::new(
                 StoreErrorKind::InvalidArgument,

@@ -135,6 +135,18 @@ impl Item {
         self.handles == 0 && idle && done
     }
 
+    /// Whether the object `m` is a version of this file: the one it was opened from or last
+    /// uploaded, or one of its uploads whose answer was lost.
+    pub fn owns(&self, m: &crate::store::ObjectMeta) -> bool {
+        let same = |crc: u32, size: u64| m.crc32c == Some(crc) && m.size == size;
+        self.base.as_ref() == Some(&(m.key.clone(), m.generation))
+            || self.maybe_landed.iter().any(|&(c, s)| same(c, s))
+            || self
+                .pending
+                .as_ref()
+                .is_some_and(|p| same(p.crc32c, p.size))
+    }
+
     pub fn note_maybe_landed(&mut self, v: &Version) {
         let entry = (v.crc32c, v.size);
         if !self.maybe_landed.contains(&entry) {

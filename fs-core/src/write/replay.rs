@@ -105,7 +105,7 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut it = shared.item.lock().await;
             self.ensure_task(&shared, &mut it);
         }
-        self.remove_unjournaled_staging(&kept);
+        self.remove_unjournaled_staging(&kept, !corrupt.is_empty());
         Ok(kept.len())
     }
 
@@ -147,16 +147,24 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// Removes staging files that no replayed record names: changes that were never
-    /// acknowledged, and versions superseded just before a crash.
-    fn remove_unjournaled_staging(&self, kept: &HashSet<u64>) {
+    /// acknowledged, and versions superseded just before a crash. When the journal had damaged
+    /// lines, a file may belong to one of them: those are kept aside as `<id>.orphan` instead.
+    fn remove_unjournaled_staging(&self, kept: &HashSet<u64>, journal_damaged: bool) {
         let Ok((ids, _)) = self.dir.staging_ids() else {
             return;
         };
         for id in ids {
             self.bump_next_id(id);
-            if !kept.contains(&id) {
+            if kept.contains(&id) {
+                continue;
+            }
+            let path = self.dir.staging_path(id);
+            if journal_damaged {
+                tracing::warn!(id, "a staging file no readable journal record names is kept aside as .orphan (the journal was damaged)");
+                let _ = std::fs::rename(&path, path.with_extension("orphan"));
+            } else {
                 tracing::debug!(id, "removing a staging file no journal record needs");
-                let _ = std::fs::remove_file(self.dir.staging_path(id));
+                let _ = std::fs::remove_file(&path);
             }
         }
     }

@@ -233,12 +233,28 @@ where
     F: Fn(String, Precondition) -> Fut,
     Fut: std::future::Future<Output = StoreResult<ObjectMeta>>,
 {
+    let is = |m: &ObjectMeta, crc: u32, len: u64| m.crc32c == Some(crc) && m.size == len;
     let err = match write(job.key.clone(), job.precondition).await {
-        Ok(meta) => return Ok(Outcome::Uploaded(meta)),
+        // The object made must be this version (a resumed session may answer with the object
+        // an earlier version of ours finished).
+        Ok(meta) if meta.size == size && meta.crc32c.is_none_or(|c| c == job.crc32c) => {
+            return Ok(Outcome::Uploaded(meta))
+        }
+        Ok(meta) if job.maybe_landed.iter().any(|&(c, l)| is(&meta, c, l)) => {
+            return Ok(Outcome::Rebased(meta))
+        }
+        Ok(meta) => {
+            return Err(StoreError::new(
+                StoreErrorKind::Other,
+                format!(
+                    "the bucket made {} with {} bytes, not the {size} bytes uploaded",
+                    meta.key, meta.size
+                ),
+            ))
+        }
         Err(e) if e.kind == StoreErrorKind::PreconditionFailed => e,
         Err(e) => return Err(e),
     };
-    let is = |m: &ObjectMeta, crc: u32, len: u64| m.crc32c == Some(crc) && m.size == len;
     match store.head(&job.key).await {
         Ok(m) if is(&m, job.crc32c, size) => {
             tracing::info!(key = %job.key, "precondition failed on our own earlier write (its answer was lost): already uploaded");
@@ -489,10 +505,11 @@ async fn upload_resumable<S: ObjectStore + ?Sized>(
     let (session, mut offset) = match resumed {
         Some(s) => match store.upload_chunk(&s, 0, Bytes::new(), None).await {
             Ok(ChunkOutcome::Incomplete { persisted }) => (s, persisted),
+            // Finished already; `finalize` checks the object is this version.
             Ok(ChunkOutcome::Done(meta)) => return Ok(meta),
-            Err(e) if e.kind == StoreErrorKind::NotFound => {
-                (store.start_resumable(key, pre, opts).await?, 0)
-            }
+            // Gone, expired (410) or refused: a new session. Only a passing failure is retried
+            // on the same one.
+            Err(e) if !e.is_retryable() => (store.start_resumable(key, pre, opts).await?, 0),
             Err(e) => return Err(e),
         },
         None => (store.start_resumable(key, pre, opts).await?, 0),

@@ -65,7 +65,14 @@ impl<S: ObjectStore> WriteBack<S> {
                     }
                     None => woken.await,
                 },
-                Step::Upload(p) => self.attempt(&shared, *p).await,
+                Step::Upload(p) => {
+                    // The slot first: a task waiting for one holds no descriptor, and is not
+                    // "uploading" (a rename or unlink need not wait for the queue).
+                    let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    self.attempt(&shared, *p, slot).await
+                }
                 Step::Commit => self.commit_orphan(&shared).await,
             }
         }
@@ -78,7 +85,7 @@ impl<S: ObjectStore> WriteBack<S> {
             self.retire_if_settled(shared, &mut it);
             return Step::Done;
         }
-        if it.sched.paused > 0 {
+        if it.sched.paused > 0 || self.key_paused(&it.key) {
             return Step::Wait(None);
         }
         match it.sched.start_at() {
@@ -105,14 +112,13 @@ impl<S: ObjectStore> WriteBack<S> {
             _ => Precondition::DoesNotExist,
         };
         let job = UploadJob {
-            parts_prefix: self.parts_prefix(v.id),
+            parts_prefix: self.parts_prefix(v.id, Some(v.seq)),
             key: it.key.clone(),
             precondition,
             opts,
             crc32c: v.crc32c,
             maybe_landed: it.maybe_landed.clone(),
         };
-        it.sched.uploading = true;
         Step::Upload(Box::new(Prepared {
             file: self.dir.staging_path(v.id),
             version: v,
@@ -120,22 +126,38 @@ impl<S: ObjectStore> WriteBack<S> {
         }))
     }
 
-    async fn attempt(self: &Arc<Self>, shared: &Arc<Shared>, p: Prepared) {
+    async fn attempt(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        p: Prepared,
+        _slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
         let Prepared {
             version: v,
             job,
             file,
         } = p;
+        {
+            // Anything may have changed while the slot was awaited: a rename, a pause, a newer
+            // version. Then the loop decides again.
+            let mut it = shared.item.lock().await;
+            let still = it.life == Life::Live
+                && it.key == job.key
+                && it.sched.paused == 0
+                && !self.key_paused(&it.key)
+                && it.pending.as_ref().is_some_and(|q| q.seq == v.seq);
+            if !still {
+                return;
+            }
+            it.sched.uploading = true;
+        }
         let opened = crate::platform::blocking(move || std::fs::File::open(file)).await;
+        let record = parking_lot::Mutex::new(None::<UploadState>);
         let result = match opened {
             Ok(file) => {
-                let Ok(_slot) = self.slots.clone().acquire_owned().await else {
-                    return;
-                };
                 self.counters
                     .uploading_files
                     .fetch_add(1, Ordering::Relaxed);
-                let record = parking_lot::Mutex::new(None::<UploadState>);
                 let result = upload(
                     self.store.as_ref(),
                     &UploadSource::new(file, v.size),
@@ -148,29 +170,22 @@ impl<S: ObjectStore> WriteBack<S> {
                 self.counters
                     .uploading_files
                     .fetch_sub(1, Ordering::Relaxed);
-                Ok((result, record.into_inner()))
+                result
             }
-            Err(e) => Err(e),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.lost(shared, &v, &e).await;
+                return;
+            }
+            // Out of descriptors, a disk error: a failure like any other, retried with backoff.
+            Err(e) => Err(crate::store::StoreError::new(
+                StoreErrorKind::Other,
+                format!("cannot open the staged data: {e}"),
+            )),
         };
+        let progress = record.into_inner();
         let mut it = shared.item.lock().await;
         it.sched.uploading = false;
         let current = it.pending.as_ref().is_some_and(|p| p.seq == v.seq);
-        let (result, progress) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                // The version's bytes are gone from the cache directory: it can never be
-                // uploaded. Say so loudly and stop trying, rather than loop forever.
-                if current && it.life == Life::Live {
-                    tracing::error!(key = %it.key, id = v.id, error = %e, "the staged data of a saved file is missing from the cache directory; it cannot be uploaded");
-                    self.counters.lost_files.fetch_add(1, Ordering::Relaxed);
-                    it.pending = None;
-                    let _ = self.journal.remove(v.id).await;
-                }
-                drop(it);
-                self.finish_attempt(shared);
-                return;
-            }
-        };
         let superseded = |it: &super::item::Item| {
             it.work_id != v.id && it.pending.as_ref().is_none_or(|p| p.id != v.id)
         };
@@ -199,9 +214,11 @@ impl<S: ObjectStore> WriteBack<S> {
                 if superseded(&it) {
                     let _ = std::fs::remove_file(self.dir.staging_path(v.id));
                 }
+                // Parts whose answer was lost are listed nowhere: sweep the version's prefix (all
+                // of the file's, unless a newer version of the same file may still use some).
                 if v.size >= self.cfg.upload.single_shot_threshold {
-                    // Parts whose answer was lost are listed nowhere: sweep the version's prefix.
-                    self.sweep_parts(v.id);
+                    let shared_file = it.pending.as_ref().is_some_and(|p| p.id == v.id);
+                    self.sweep_parts(v.id, shared_file.then_some(v.seq));
                 }
                 self.counters.record_upload(v.size);
                 (self.on_settled)(&it.key, (!conflict).then_some(&meta));
@@ -215,6 +232,12 @@ impl<S: ObjectStore> WriteBack<S> {
                 it.base = Some((meta.key.clone(), meta.generation));
                 if let Some(p) = it.pending.as_mut() {
                     p.progress = UploadState::Staged;
+                }
+                if superseded(&it) {
+                    let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+                }
+                if v.size >= self.cfg.upload.single_shot_threshold {
+                    self.sweep_parts(v.id, Some(v.seq));
                 }
                 (self.on_settled)(&it.key, Some(&meta));
                 shared.progress.send_modify(|p| p.attempts += 1);
@@ -243,9 +266,9 @@ impl<S: ObjectStore> WriteBack<S> {
                     if let Some(state) = progress {
                         newer.progress = state;
                     }
-                } else {
+                } else if v.size >= self.cfg.upload.single_shot_threshold {
                     // The version was superseded or deleted meanwhile: its parts are garbage.
-                    self.sweep_parts(v.id);
+                    self.sweep_parts(v.id, Some(v.seq));
                 }
                 if superseded(&it) {
                     let _ = std::fs::remove_file(self.dir.staging_path(v.id));
@@ -278,6 +301,28 @@ impl<S: ObjectStore> WriteBack<S> {
                 let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
                 tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "could not save a file's last changes yet");
             }
+        }
+        drop(it);
+        self.finish_attempt(shared);
+    }
+
+    /// The version's bytes are gone from the cache directory (removed by hand): it can never be
+    /// uploaded. Say so loudly and stop trying, rather than loop forever; an fsync waiting for
+    /// it gets the error.
+    async fn lost(&self, shared: &Arc<Shared>, v: &Version, e: &std::io::Error) {
+        let mut it = shared.item.lock().await;
+        it.sched.uploading = false;
+        let current = it.pending.as_ref().is_some_and(|p| p.seq == v.seq);
+        if current && it.life == Life::Live {
+            tracing::error!(key = %it.key, id = v.id, error = %e, "the staged data of a saved file is missing from the cache directory; it cannot be uploaded");
+            self.counters.lost_files.fetch_add(1, Ordering::Relaxed);
+            it.pending = None;
+            let _ = self.journal.remove(v.id).await;
+            let message = format!("the staged data is missing from the cache directory: {e}");
+            shared.progress.send_modify(|p| {
+                p.error = Some(message);
+                p.failed_seq = v.seq;
+            });
         }
         drop(it);
         self.finish_attempt(shared);

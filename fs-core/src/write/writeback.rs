@@ -90,6 +90,17 @@ pub struct WriteBack<S: ObjectStore> {
     pub(super) settled: Arc<tokio::sync::Notify>,
     /// Deletions of superseded parts still running; a drain waits for them.
     pub(super) cleanups: Arc<AtomicU64>,
+    /// Names (and directory prefixes) a namespace change is working on: no upload under them
+    /// starts, whichever item holds them, including one made after the pause began.
+    paused_keys: parking_lot::Mutex<Vec<(String, bool)>>,
+}
+
+/// A namespace change's hold on a name or a directory, from [`WriteBack::pause`] or
+/// [`WriteBack::pause_under`] to [`WriteBack::resume`].
+pub struct Paused {
+    key: String,
+    prefix: bool,
+    items: Vec<ItemRef>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -124,6 +135,7 @@ impl<S: ObjectStore> WriteBack<S> {
             on_settled,
             settled: Arc::new(tokio::sync::Notify::new()),
             cleanups: Arc::new(AtomicU64::new(0)),
+            paused_keys: parking_lot::Mutex::new(Vec::new()),
         }))
     }
 
@@ -161,7 +173,11 @@ impl<S: ObjectStore> WriteBack<S> {
                 if truncate {
                     let mut it = item.0.item.lock().await;
                     if it.work.size() > 0 {
-                        self.truncate_locked(&item.0, &mut it, 0).await?;
+                        if let Err(e) = self.truncate_locked(&item.0, &mut it, 0).await {
+                            drop(it);
+                            self.release(&item).await;
+                            return Err(e);
+                        }
                     }
                 }
                 return Ok(item);
@@ -206,8 +222,10 @@ impl<S: ObjectStore> WriteBack<S> {
                     return Ok(ItemRef(shared));
                 }
             }
-            // Another open made an item for this name meanwhile: use that one.
+            // Another open made an item for this name meanwhile (or a rename is swapping the
+            // name's item): use that one once it is in place.
             let _ = std::fs::remove_file(&path);
+            tokio::task::yield_now().await;
         }
     }
 
@@ -504,8 +522,16 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         let progress = match &old {
             // Appended to: parts of the older version may still hold this one's bytes (each is
-            // checked before it is reused).
-            Some(p) if p.id == it.work_id => p.progress.clone(),
+            // checked before it is reused). A resumable session is the older version's alone.
+            Some(p) if p.id == it.work_id => match &p.progress {
+                UploadState::Uploading { parts, .. } if !parts.is_empty() => {
+                    UploadState::Uploading {
+                        session_url: None,
+                        parts: parts.clone(),
+                    }
+                }
+                _ => UploadState::Staged,
+            },
             _ => UploadState::Staged,
         };
         let v = Version {
@@ -547,7 +573,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// not the working copy's) and its temporary parts.
     pub(super) fn discard(&self, v: &Version) {
         if v.size >= self.cfg.upload.single_shot_threshold {
-            self.sweep_parts(v.id);
+            self.sweep_parts(v.id, Some(v.seq));
         }
         let _ = std::fs::remove_file(self.dir.staging_path(v.id));
     }
@@ -555,25 +581,32 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Where version `id`'s temporary parts go: under this cache directory's tag, so no other
     /// mount mistakes them for its own leftovers, and under the version, so one listing finds
     /// them all (parts whose answer was lost included).
-    pub(super) fn parts_prefix(&self, id: u64) -> String {
-        format!(
+    ///
+    /// With `seq`, one version's parts (`<tag>/<id>/<seq>/`); without, every version's that
+    /// shared the staging file `id`.
+    pub(super) fn parts_prefix(&self, id: u64, seq: Option<u64>) -> String {
+        let file = format!(
             "{}{}/{id:016x}/",
             self.cfg.upload.temp_prefix,
             self.dir.tag()
-        )
+        );
+        match seq {
+            Some(seq) => format!("{file}{seq}/"),
+            None => file,
+        }
     }
 
     /// Deletes every temporary object of version `id`, in the background, listing its prefix
     /// again until it is empty (a delete can fail too). A drain waits for it; what still fails
     /// after a few rounds is removed at the next mount.
-    pub(super) fn sweep_parts(&self, id: u64) {
+    pub(super) fn sweep_parts(&self, id: u64, seq: Option<u64>) {
         self.cleanups.fetch_add(1, Ordering::SeqCst);
         let (store, cleanups, settled) = (
             self.store.clone(),
             self.cleanups.clone(),
             self.settled.clone(),
         );
-        let prefix = self.parts_prefix(id);
+        let prefix = self.parts_prefix(id, seq);
         let concurrency = self.cfg.upload.concurrency;
         tokio::spawn(async move {
             let mut wait = Duration::from_millis(100);
@@ -710,40 +743,88 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// Stops new upload attempts of `key` and waits for any in flight to end, so a namespace
-    /// change sees the bucket as the uploads left it and no upload lands after it under the old
-    /// name. Must be followed by [`Self::resume`].
-    pub async fn pause(&self, key: &str) -> Option<ItemRef> {
-        let shared = self.live(key)?;
-        shared.item.lock().await.sched.paused += 1;
-        Self::wait_idle(&shared).await;
-        Some(ItemRef(shared))
+    /// Whether a namespace change holds `key` (or a directory above it).
+    pub(super) fn key_paused(&self, key: &str) -> bool {
+        self.paused_keys.lock().iter().any(|(k, prefix)| {
+            if *prefix {
+                key.starts_with(k.as_str())
+            } else {
+                key == k
+            }
+        })
     }
 
-    /// [`Self::pause`] for every item under `prefix` (a directory being renamed).
-    pub async fn pause_under(&self, prefix: &str) -> Vec<ItemRef> {
-        let keys: Vec<String> = self
-            .local_under(prefix)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        let mut paused = Vec::new();
-        for key in keys {
-            if let Some(item) = self.pause(&key).await {
-                paused.push(item);
+    /// Stops new upload attempts of `key` (by any item, present or made meanwhile) and waits
+    /// for any in flight to end, so a namespace change sees the bucket as the uploads left it
+    /// and no upload lands after it under the old name. Must be followed by [`Self::resume`].
+    pub async fn pause(&self, key: &str) -> Paused {
+        self.hold(key, false).await
+    }
+
+    /// [`Self::pause`] for every name under `prefix` (a directory being renamed).
+    pub async fn pause_under(&self, prefix: &str) -> Paused {
+        self.hold(prefix, true).await
+    }
+
+    async fn hold(&self, key: &str, prefix: bool) -> Paused {
+        self.paused_keys.lock().push((key.to_string(), prefix));
+        let shared: Vec<Arc<Shared>> = if prefix {
+            self.by_key
+                .lock()
+                .range(key.to_string()..)
+                .take_while(|(k, _)| k.starts_with(key))
+                .map(|(_, s)| s.clone())
+                .collect()
+        } else {
+            self.live(key).into_iter().collect()
+        };
+        let mut items = Vec::new();
+        for s in shared {
+            s.item.lock().await.sched.paused += 1;
+            Self::wait_idle(&s).await;
+            items.push(ItemRef(s));
+        }
+        Paused {
+            key: key.to_string(),
+            prefix,
+            items,
+        }
+    }
+
+    /// Whether `key` has a live item now (a namespace change decides what to move by this,
+    /// after its pause).
+    pub fn is_staged(&self, key: &str) -> bool {
+        self.live(key).is_some()
+    }
+
+    /// Ends a [`Self::pause`] or [`Self::pause_under`], and wakes every item it held back.
+    pub async fn resume(&self, paused: Paused) {
+        {
+            let mut keys = self.paused_keys.lock();
+            if let Some(i) = keys
+                .iter()
+                .position(|(k, p)| *k == paused.key && *p == paused.prefix)
+            {
+                keys.remove(i);
             }
         }
-        paused
-    }
-
-    /// Ends a [`Self::pause`].
-    pub async fn resume(&self, item: Option<ItemRef>) {
-        if let Some(item) = item {
+        for item in &paused.items {
             let mut it = item.0.item.lock().await;
             it.sched.paused = it.sched.paused.saturating_sub(1);
             self.retire_if_settled(&item.0, &mut it);
-            drop(it);
-            item.0.wake.notify_one();
+        }
+        let woken: Vec<Arc<Shared>> = if paused.prefix {
+            self.by_key
+                .lock()
+                .range(paused.key.clone()..)
+                .take_while(|(k, _)| k.starts_with(paused.key.as_str()))
+                .map(|(_, s)| s.clone())
+                .collect()
+        } else {
+            self.live(&paused.key).into_iter().collect()
+        };
+        for s in woken.iter().chain(paused.items.iter().map(|i| &i.0)) {
+            s.wake.notify_one();
         }
     }
 
@@ -765,7 +846,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 let _ = std::fs::remove_file(self.dir.staging_path(p.id));
             }
             if p.size >= self.cfg.upload.single_shot_threshold {
-                self.sweep_parts(p.id);
+                self.sweep_parts(p.id, None);
             }
         }
         self.retire_if_settled(&shared, &mut it);
@@ -776,11 +857,17 @@ impl<S: ObjectStore> WriteBack<S> {
     /// follows the new name. `new_base` is the bucket object now at `to`, if any; `landed` the
     /// (CRC32C, size) of an object of ours that may be at `to` unseen (a copy whose answer was
     /// lost). An item at `to` is replaced, in the same journal line.
+    ///
+    /// `copied_from` is the object the server-side copy was made from: the copy becomes the
+    /// file's base only if that object is a version of this file (the one it was opened from,
+    /// or one of our uploads). If someone else had replaced it, the copy is theirs, and the
+    /// pending upload must find it as a conflict, not replace it.
     pub async fn rename(
         self: &Arc<Self>,
         from: &str,
         to: &str,
         new_base: Option<&ObjectMeta>,
+        copied_from: Option<&ObjectMeta>,
     ) -> FsResult<()> {
         let Some(shared) = self.live(from) else {
             return Ok(());
@@ -798,7 +885,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     let _ = std::fs::remove_file(self.dir.staging_path(p.id));
                 }
                 if p.size >= self.cfg.upload.single_shot_threshold {
-                    self.sweep_parts(p.id);
+                    self.sweep_parts(p.id, None);
                 }
             }
             self.retire_if_settled(old, &mut o);
@@ -810,9 +897,13 @@ impl<S: ObjectStore> WriteBack<S> {
             map.insert(to.to_string(), shared.clone());
         }
         it.key = to.to_string();
-        it.base = new_base
-            .map(|m| (m.key.clone(), m.generation))
-            .or(it.base.take());
+        let adopt = match copied_from {
+            Some(src) => it.owns(src),
+            None => true,
+        };
+        if let Some(m) = new_base.filter(|_| adopt) {
+            it.base = Some((m.key.clone(), m.generation));
+        }
         let uploaded_before = it.pending.is_none() && !it.dirty();
         if let Some(p) = it.pending.as_mut() {
             // A resumable session belongs to the old name; parts hold bytes, not names.
@@ -827,7 +918,7 @@ impl<S: ObjectStore> WriteBack<S> {
             self.journal.apply(Change::Batch(changes)).await?;
         }
         shared.publish(&it);
-        if uploaded_before && new_base.is_none() {
+        if uploaded_before && (new_base.is_none() || !adopt) {
             // Its content was in the bucket under the old name only: upload it again here.
             it.edits += 1;
             let idle = it.handles == 0;
