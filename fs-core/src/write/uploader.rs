@@ -220,6 +220,8 @@ impl<S: ObjectStore> WriteBack<S> {
                     let shared_file = it.pending.as_ref().is_some_and(|p| p.id == v.id);
                     self.sweep_parts(v.id, shared_file.then_some(v.seq));
                 }
+                // A version kept apart for this upload no longer takes space.
+                self.recharge(shared, &it);
                 self.counters.record_upload(v.size);
                 (self.on_settled)(&it.key, (!conflict).then_some(&meta));
                 shared.progress.send_modify(|p| {

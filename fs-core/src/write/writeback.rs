@@ -66,6 +66,9 @@ impl WriteConfig {
     }
 }
 
+/// How long an unmount waits for the removal of temporary parts once everything is uploaded.
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Listing rounds a sweep of temporary parts makes before it leaves them to the next mount.
 const SWEEP_ROUNDS: u32 = 12;
 
@@ -362,7 +365,7 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// Gives back the space the item no longer uses.
-    fn recharge(&self, shared: &Shared, it: &Item) {
+    pub(super) fn recharge(&self, shared: &Shared, it: &Item) {
         let size = if it.life == Life::Retired {
             0
         } else {
@@ -950,6 +953,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// `give_up_on_failure`, until everything left has failed at least once). Write-back
     /// delays are skipped; backoff is not. Returns the number of files still pending.
     pub async fn drain(self: &Arc<Self>, give_up_on_failure: bool) -> usize {
+        let started = tokio::time::Instant::now();
         loop {
             let settled = self.settled.notified();
             tokio::pin!(settled);
@@ -970,7 +974,11 @@ impl<S: ObjectStore> WriteBack<S> {
                     self.ensure_task(shared, &mut it);
                 }
             }
-            let cleaning = self.cleanups.load(Ordering::SeqCst) > 0;
+            // Leftover parts are waited for; an unmount that gives up on failures waits for
+            // them only a little (a cleanup backing off from a dead bucket could take minutes,
+            // and the next mount removes what is left).
+            let cleaning = self.cleanups.load(Ordering::SeqCst) > 0
+                && !(give_up_on_failure && started.elapsed() > CLEANUP_PATIENCE);
             if (pending == 0 && !cleaning)
                 || (give_up_on_failure && failed == pending && pending > 0)
             {
