@@ -3,6 +3,9 @@
 #
 #   bash tests/bench/write_bench.sh    # RUNS=3 SIZE_MIB=1024 FILES=10000 RATE=40M LATENCY=20ms
 #
+# RCLONE=0 skips the rclone rows (they take most of the time and do not change with
+# bucketdrive); the baselines still run.
+#
 # fake-gcs-server (filesystem backend) sits behind tests/proxy (link-proxy), which caps every
 # connection at RATE in both directions and delays each request by LATENCY. Every figure is the
 # median of RUNS runs, each on a fresh mount with default options:
@@ -22,6 +25,7 @@ SIZE_MIB=${SIZE_MIB:-1024}
 FILES=${FILES:-10000}
 RATE=${RATE:-40M}
 LATENCY=${LATENCY:-20ms}
+RCLONE=${RCLONE:-1}
 SIZE=$((SIZE_MIB * 1024 * 1024))
 
 source tests/emulator.sh
@@ -64,7 +68,7 @@ SMALL_SHA=$(sha256sum "$SMALL/$SMALL_LAST" | cut -d' ' -f1)
 now() { date +%s.%N; }
 secs() { awk -v s="$1" -v e="$2" 'BEGIN { printf "%.2f", e - s }'; }
 median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 # The object's sha256, fetched from the emulator directly (not through the proxy or a mount).
 object_sha() { curl -sf "$EMU_URL/storage/v1/b/bench/o/$1?alt=media" | sha256sum | cut -d' ' -f1; }
@@ -139,7 +143,7 @@ delete_under warm-up
 
 declare -A R
 add() { R[$1]="${R[$1]:-} $2"; }
-med() { printf '%s\n' ${R[$1]} | median; }
+med() { [ -n "${R[$1]:-}" ] && printf '%s\n' ${R[$1]} | median; }
 
 for r in $(seq "$RUNS"); do
   for sync in "" "conv=fsync"; do
@@ -160,6 +164,7 @@ for r in $(seq "$RUNS"); do
     bd_unmount
     delete_under big-bd
 
+    [ "$RCLONE" = 1 ] || continue
     echo "run $r/$RUNS: 1 GiB ${sync:-no fsync}: rclone" >&2
     rc_mount
     s=$(now); dd if="$SRC" of="$MNT/big-rc" bs=1M $sync status=none; c=$(now)
@@ -186,14 +191,16 @@ for r in $(seq "$RUNS"); do
   bd_unmount
   delete_under small-bd
 
-  echo "run $r/$RUNS: $FILES small files: rclone" >&2
-  rc_mount
-  s=$(now); cp -r "$SMALL" "$MNT/small-rc"; c=$(now)
-  wait_count small-rc/ "$FILES"; b=$(now)
-  check_sha "small-rc%2F$SMALL_LAST" "$SMALL_SHA"
-  add small_rc_cp "$(secs "$s" "$c")"; add small_rc_bucket "$(secs "$s" "$b")"
-  rc_unmount
-  delete_under small-rc
+  if [ "$RCLONE" = 1 ]; then
+    echo "run $r/$RUNS: $FILES small files: rclone" >&2
+    rc_mount
+    s=$(now); cp -r "$SMALL" "$MNT/small-rc"; c=$(now)
+    wait_count small-rc/ "$FILES"; b=$(now)
+    check_sha "small-rc%2F$SMALL_LAST" "$SMALL_SHA"
+    add small_rc_cp "$(secs "$s" "$c")"; add small_rc_bucket "$(secs "$s" "$b")"
+    rc_unmount
+    delete_under small-rc
+  fi
 
   echo "run $r/$RUNS: fio" >&2
   job=(--name=randwrite --rw=randwrite --bs=4k --size=256m --ioengine=psync --output-format=json)
