@@ -237,9 +237,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 if superseded(&it) {
                     let _ = std::fs::remove_file(self.dir.staging_path(v.id));
-                }
-                if v.size >= self.cfg.upload.single_shot_threshold {
-                    self.sweep_parts(v.id, Some(v.seq));
+                    if v.size >= self.cfg.upload.single_shot_threshold {
+                        self.sweep_parts(v.id, None);
+                    }
                 }
                 (self.on_settled)(&it.key, Some(&meta));
                 shared.progress.send_modify(|p| p.attempts += 1);
@@ -269,8 +269,9 @@ impl<S: ObjectStore> WriteBack<S> {
                         newer.progress = state;
                     }
                 } else if v.size >= self.cfg.upload.single_shot_threshold {
-                    // The version was superseded or deleted meanwhile: its parts are garbage.
-                    self.sweep_parts(v.id, Some(v.seq));
+                    // The version was superseded by one in another file, or deleted meanwhile:
+                    // the parts of every version its file held are garbage.
+                    self.sweep_parts(v.id, None);
                 }
                 if superseded(&it) {
                     let _ = std::fs::remove_file(self.dir.staging_path(v.id));

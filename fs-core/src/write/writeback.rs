@@ -576,7 +576,8 @@ impl<S: ObjectStore> WriteBack<S> {
     /// not the working copy's) and its temporary parts.
     pub(super) fn discard(&self, v: &Version) {
         if v.size >= self.cfg.upload.single_shot_threshold {
-            self.sweep_parts(v.id, Some(v.seq));
+            // The file is done with: the parts of every version it held go.
+            self.sweep_parts(v.id, None);
         }
         let _ = std::fs::remove_file(self.dir.staging_path(v.id));
     }
