@@ -108,7 +108,9 @@ impl<S: ObjectStore> Filesystem<S> {
         let path = self.child_path(parent, name)?;
         let key = self.ns.key_of(&path);
         let paused = w.pause(&key).await;
-        let result = self.unlink_paused(&path, &key, w.is_staged(&key)).await;
+        let result = self
+            .unlink_paused(&path, &key, w.item(&key).is_some())
+            .await;
         w.resume(paused).await;
         result?;
         self.ns.note_missing(&path);
@@ -236,7 +238,7 @@ impl<S: ObjectStore> Filesystem<S> {
                 self.delete_checked(m).await?;
                 // Whatever item holds the source now moves (one may have been made during the
                 // pause); without one, an item of the replaced target goes.
-                if w.is_staged(&src_key) {
+                if w.item(&src_key).is_some() {
                     w.rename(&src_key, &dst_key, Some(&copied), Some(m)).await?;
                 } else {
                     w.unlink(&dst_key).await?;

@@ -195,11 +195,6 @@ impl Journal {
         self.sync_to(seq).await
     }
 
-    /// The record of `id`, if live.
-    pub fn get(&self, id: u64) -> Option<Record> {
-        self.log.lock().live.get(&id).cloned()
-    }
-
     /// Appends one line (not yet durable); returns its sequence number.
     fn append(&self, change: Change) -> io::Result<u64> {
         let mut log = self.log.lock();

@@ -795,12 +795,6 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// Whether `key` has a live item now (a namespace change decides what to move by this,
-    /// after its pause).
-    pub fn is_staged(&self, key: &str) -> bool {
-        self.live(key).is_some()
-    }
-
     /// Ends a [`Self::pause`] or [`Self::pause_under`], and wakes every item it held back.
     pub async fn resume(&self, paused: Paused) {
         {
