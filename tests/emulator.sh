@@ -14,6 +14,7 @@ _need=()
 command -v python3 >/dev/null || _need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || _need+=(python3-venv)
 command -v umount >/dev/null || _need+=(mount)
+command -v fusermount3 >/dev/null || _need+=(fuse3)
 command -v curl >/dev/null || _need+=(curl)
 command -v fio >/dev/null || _need+=(fio)
 if [ ${#_need[@]} -gt 0 ]; then _apt_install "${_need[@]}"; fi

@@ -9,26 +9,31 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-/// The child's end of the readiness pipe; in the foreground there is no pipe.
+/// How the mount reports that it is ready, or why it failed: to the waiting parent through
+/// the pipe when detached, to systemd when supervised, else to standard error. Shared between
+/// the thread that probes the new mount and the one that runs it; the first report wins.
 pub struct Readiness {
-    pipe: Option<File>,
+    pipe: parking_lot::Mutex<Option<File>>,
 }
 
 impl Readiness {
     pub fn foreground() -> Self {
-        Readiness { pipe: None }
-    }
-
-    /// Reports a successful mount and lets the parent exit 0.
-    pub fn ready(&mut self) {
-        if let Some(mut p) = self.pipe.take() {
-            let _ = p.write_all(b"ok\n");
+        Readiness {
+            pipe: parking_lot::Mutex::new(None),
         }
     }
 
+    /// Reports a mount that answers requests: the parent exits 0, systemd gets `READY=1`.
+    pub fn ready(&self) {
+        if let Some(mut p) = self.pipe.lock().take() {
+            let _ = p.write_all(b"ok\n");
+        }
+        crate::notify::ready();
+    }
+
     /// Reports a start-up failure; the parent prints it and exits non-zero.
-    pub fn failed(&mut self, message: &str) {
-        match self.pipe.take() {
+    pub fn failed(&self, message: &str) {
+        match self.pipe.lock().take() {
             Some(mut p) => {
                 let _ = p.write_all(format!("error: {message}\n").as_bytes());
             }
@@ -71,7 +76,7 @@ pub fn detach() -> std::io::Result<Forked> {
                 redirect_stdio();
             }
             Ok(Forked::Child(Readiness {
-                pipe: Some(File::from(write_end)),
+                pipe: parking_lot::Mutex::new(Some(File::from(write_end))),
             }))
         }
         _child => {

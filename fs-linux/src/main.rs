@@ -3,12 +3,15 @@
 mod control;
 mod daemon;
 mod fuse;
+mod kernel_mount;
 mod mount;
+mod mount_options;
+mod notify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use fs_core::cli::options::CommonArgs;
 use fs_core::config::{parse_mode, parse_size};
 
@@ -25,7 +28,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Mount BUCKET[/PREFIX] (or gs://BUCKET/PREFIX) on MOUNTPOINT.
+    /// Mount BUCKET[/PREFIX] (or gs://BUCKET/PREFIX) on MOUNTPOINT. Also run as
+    /// `bucketdrive BUCKET MOUNTPOINT -o OPTIONS` (by `mount -t fuse.bucketdrive` and fstab),
+    /// where each option is a flag below without its dashes, `_` for `-`: `cache_dir=/x,ro`.
     Mount(Box<MountArgs>),
     /// Unmount a bucketdrive mount, then wait for its pending uploads with progress.
     Unmount {
@@ -56,10 +61,18 @@ pub struct MountArgs {
     /// Options shared with Windows.
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Owner of every file. Default: the user running bucketdrive.
+    /// Let every user on this machine use the mount (file permissions still apply). Not root:
+    /// needs user_allow_other in /etc/fuse.conf.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Let root use the mount too. Not root: needs user_allow_other in /etc/fuse.conf.
+    #[arg(long, conflicts_with = "allow_other")]
+    pub allow_root: bool,
+    /// Owner files show. Default: the user running bucketdrive. To let that user in when
+    /// root mounts for them, add --allow-other.
     #[arg(long)]
     pub uid: Option<u32>,
-    /// Group of every file. Default: the group running bucketdrive.
+    /// Group files show. Default: the group running bucketdrive.
     #[arg(long)]
     pub gid: Option<u32>,
     /// Permission bits of files, in octal.
@@ -79,7 +92,10 @@ pub struct MountArgs {
 
 fn main() -> ExitCode {
     pin_malloc_mmap_threshold();
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     match cli.command {
         Command::Mount(args) => mount::run(*args),
         Command::Status { mountpoint, wait } => match control::status_command(&mountpoint, wait) {
@@ -100,6 +116,36 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// Parses the command line, accepting the mount-helper form `bucketdrive BUCKET DIR -o OPTS`.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    let cmd = Cli::command();
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases()))
+        .map(String::from)
+        .chain(["help".to_string()])
+        .collect();
+    let mount_flags: Vec<String> = cmd
+        .find_subcommand("mount")
+        .map(|m| {
+            m.get_arguments()
+                .filter_map(|a| a.get_long())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let args = mount_options::rewrite(std::env::args_os().collect(), &subcommands, &mount_flags)
+        .map_err(|e| {
+            eprintln!("bucketdrive: {e}");
+            ExitCode::from(2)
+        })?;
+    let matches = cmd.get_matches_from(args);
+    Cli::from_arg_matches(&matches).map_err(|e| {
+        let _ = e.print();
+        ExitCode::from(2)
+    })
 }
 
 /// Makes glibc serve every allocation of 1 MiB or more (read-ahead parts are up to

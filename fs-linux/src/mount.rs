@@ -1,19 +1,21 @@
 //! `bucketdrive mount` and `unmount`: checks, logging, the runtime, and the FUSE session.
 //!
 //! Everything a user can get wrong is checked before detaching or while the parent still
-//! waits, so each mistake is one clear line on the caller's terminal and a non-zero exit.
+//! waits, so each mistake is one clear line on the caller's terminal and a non-zero exit. The
+//! parent (or systemd) hears "ready" only once the mount answers a request.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use fs_core::cli::lifecycle;
-use std::os::fd::OwnedFd;
 
 use fuser::{Config, Session, SessionACL};
 
 use crate::daemon::{self, Forked, Outcome, Readiness};
 use crate::fuse::FuseAdapter;
+use crate::kernel_mount::{self, is_mounted, KernelOptions};
+use crate::notify;
 use crate::MountArgs;
 
 pub fn run(args: MountArgs) -> ExitCode {
@@ -32,7 +34,13 @@ pub fn run(args: MountArgs) -> ExitCode {
     if !Path::new("/dev/fuse").exists() {
         return fail("/dev/fuse is missing: load the fuse kernel module (modprobe fuse)".into());
     }
-    let mut readiness = if args.foreground {
+    let acl = match access(&args) {
+        Ok(acl) => acl,
+        Err(e) => return fail(e),
+    };
+    // Under systemd the process is the service: it stays attached and logs to standard error.
+    let foreground = args.foreground || notify::supervised();
+    let readiness = if foreground {
         Readiness::foreground()
     } else {
         match daemon::detach() {
@@ -42,7 +50,8 @@ pub fn run(args: MountArgs) -> ExitCode {
             Err(e) => return fail(format!("cannot detach: {e}")),
         }
     };
-    match serve(&args, bucket, prefix, &mountpoint, &mut readiness) {
+    let readiness = Arc::new(readiness);
+    match serve(&args, bucket, prefix, &mountpoint, acl, &readiness) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             tracing::error!("{msg}");
@@ -50,6 +59,41 @@ pub fn run(args: MountArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Who besides the mount's owner may use it, from `--allow-other` and `--allow-root`, checked
+/// before anything starts. For anyone but root both need `user_allow_other` in
+/// `/etc/fuse.conf`.
+fn access(args: &MountArgs) -> Result<SessionACL, String> {
+    let acl = if args.allow_other {
+        SessionACL::All
+    } else if args.allow_root {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if acl != SessionACL::Owner && !root && !kernel_mount::users_may_allow_other() {
+        let flag = if args.allow_other {
+            "--allow-other"
+        } else {
+            "--allow-root"
+        };
+        return Err(format!(
+            "{flag} needs the line user_allow_other in /etc/fuse.conf when not run as root"
+        ));
+    }
+    let other_owner = |given: Option<u32>, own: u32| given.is_some_and(|id| id != own);
+    // SAFETY: geteuid and getegid cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if acl == SessionACL::Owner && (other_owner(args.uid, euid) || other_owner(args.gid, egid)) {
+        eprintln!(
+            "bucketdrive: warning: --uid/--gid only change the owner files show; without \
+             --allow-other only uid {euid} can use this mount"
+        );
+    }
+    Ok(acl)
 }
 
 /// The mountpoint must exist, be a directory, and not already be a mount.
@@ -69,37 +113,13 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
     Ok(abs)
 }
 
-fn is_mounted(p: &Path) -> bool {
-    mount_device(p).is_some()
-}
-
-/// The `major:minor` device of the mount at `p`, from /proc/self/mountinfo. Reading it there
-/// sends no request to the mount, which matters before the session loop runs.
-fn mount_device(p: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = p.to_string_lossy();
-    info.lines().rev().find_map(|l| {
-        let mut f = l.split(' ');
-        let dev = f.nth(2)?;
-        let mp = f.nth(1)?;
-        (unescape_mount_path(mp) == want).then(|| dev.to_string())
-    })
-}
-
-/// Mount paths in /proc escape space, tab, newline and backslash as octal.
-fn unescape_mount_path(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
 fn serve(
     args: &MountArgs,
     bucket: String,
     prefix: String,
     mountpoint: &Path,
-    readiness: &mut Readiness,
+    acl: SessionACL,
+    readiness: &Arc<Readiness>,
 ) -> Result<(), String> {
     // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
     args.common.init_logging(&["fuser"])?;
@@ -116,20 +136,25 @@ fn serve(
     })?;
     let cache_dir = args.common.cache_dir(&bucket, &prefix, mountpoint);
     let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
-    let fd = kernel_mount(mountpoint, &bucket, uid, gid)
+    let kernel = KernelOptions {
+        source: &bucket,
+        acl,
+        read_only: args.common.read_only,
+    };
+    let fd = kernel_mount::mount(mountpoint, &kernel)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
-    let session = match Session::from_fd(adapter, fd, SessionACL::Owner, Config::default()) {
+    let session = match Session::from_fd(adapter, fd, acl, Config::default()) {
         Ok(s) => s,
         Err(e) => {
-            let _ = detach_mount(mountpoint);
+            let _ = kernel_mount::unmount(mountpoint, true);
             return Err(format!(
                 "FUSE handshake failed on {}: {e}",
                 mountpoint.display()
             ));
         }
     };
-    if let Err(e) = tune_backing_device(mountpoint, args.kernel_read_ahead) {
-        tracing::warn!("could not tune the mount's backing device: {e}");
+    if let Err(e) = kernel_mount::tune_backing_device(mountpoint, args.kernel_read_ahead) {
+        tracing::debug!("could not tune the mount's backing device: {e}");
     }
 
     let mp = mountpoint.to_path_buf();
@@ -147,9 +172,12 @@ fn serve(
             _ = term.recv() => {},
         }
         tracing::info!(mountpoint = %mp.display(), "signal received, unmounting");
-        if let Err(e) = unmount(&mp) {
+        notify::stopping();
+        let mp2 = mp.clone();
+        let done = tokio::task::spawn_blocking(move || unmount(&mp2)).await;
+        if let Ok(Err(e)) = done {
             tracing::warn!("{e}; detaching the mount lazily");
-            if let Err(e) = detach_mount(&mp) {
+            if let Err(e) = kernel_mount::unmount(&mp, true) {
                 tracing::error!("lazy unmount failed: {e}");
             }
         }
@@ -167,105 +195,39 @@ fn serve(
             }
         }
     };
-    tracing::info!(mountpoint = %mountpoint.display(), bucket = %bucket, "mounted");
-    readiness.ready();
+    announce_when_answering(mountpoint, &bucket, readiness);
     let result = session.run();
     tracing::info!("session ended");
+    notify::stopping();
     lifecycle::finish(rt, &fs, control.skip_drain());
     result.map_err(|e| format!("FUSE session failed: {e}"))
 }
 
-/// Mounts `/dev/fuse` on `mountpoint` as type `fuse.bucketdrive` with the bucket as its source,
-/// and returns the FUSE device. (fuser's own mount path cannot set the subtype without
-/// fusermount.)
-fn kernel_mount(mountpoint: &Path, bucket: &str, uid: u32, gid: u32) -> std::io::Result<OwnedFd> {
-    use std::ffi::CString;
-    use std::os::fd::AsRawFd;
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")?;
-    let fd = OwnedFd::from(dev);
-    let invalid = |_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "path or name contains NUL",
-        )
-    };
-    let target = CString::new(mountpoint.as_os_str().as_encoded_bytes()).map_err(invalid)?;
-    let source = CString::new(bucket).map_err(invalid)?;
-    let fstype = c"fuse.bucketdrive";
-    let data = CString::new(format!(
-        "fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions",
-        fd.as_raw_fd()
-    ))
-    .map_err(invalid)?;
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME;
-    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            flags,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::EPERM) => std::io::Error::new(
-                e.kind(),
-                "permission denied: mounting needs root (or CAP_SYS_ADMIN)",
-            ),
-            _ => e,
-        });
-    }
-    Ok(fd)
-}
-
-/// Lazily detaches a mount that cannot be unmounted cleanly, so no dead mount is left behind.
-fn detach_mount(mountpoint: &Path) -> std::io::Result<()> {
-    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    // SAFETY: `c` is a valid NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Share of the system's dirty-page allowance the kernel may hold for this mount.
-const DIRTY_MAX_RATIO: u32 = 40;
-
-/// Tunes the mount's backing device (`/sys/class/bdi/MAJ:MIN`):
-/// - read-ahead, so sequential reads reach us as 1 MiB requests instead of 128 KiB ones;
-/// - the dirty-page limits. The kernel's write-back cache buffers writes in the page cache and
-///   sends them to us in batches, but for FUSE it defaults to a strict limit of 1% of the dirty
-///   allowance, so a random writer is throttled to one small request at a time long before the
-///   disk is busy. Lifting it lets 4 KiB random writes run at page-cache speed; `close()` and
-///   `fsync()` still write every dirty page back to us before they return.
-fn tune_backing_device(mountpoint: &Path, read_ahead: u64) -> std::io::Result<()> {
-    let dev = mount_device(mountpoint).ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::NotFound, "mount not found in mountinfo")
-    })?;
-    let bdi = format!("/sys/class/bdi/{dev}");
-    std::fs::write(
-        format!("{bdi}/read_ahead_kb"),
-        format!("{}\n", read_ahead / 1024),
-    )?;
-    // Older kernels have no strict_limit knob; the ratio alone still helps there.
-    for (knob, value) in [("strict_limit", 0), ("max_ratio", DIRTY_MAX_RATIO)] {
-        if let Err(e) = std::fs::write(format!("{bdi}/{knob}"), format!("{value}\n")) {
-            tracing::debug!(bdi, knob, "cannot set: {e}");
-        }
-    }
-    tracing::debug!(
-        bdi,
-        read_ahead_kb = read_ahead / 1024,
-        "backing device tuned"
+/// Reports readiness once the mount answers: a thread opens the mountpoint's root directory,
+/// which the kernel sends to the session loop that is about to start. Until then neither the
+/// waiting parent (so neither `mount -t fuse.bucketdrive` nor fstab) nor systemd goes on.
+fn announce_when_answering(mountpoint: &Path, bucket: &str, readiness: &Arc<Readiness>) {
+    let (mp, bucket, probe) = (
+        mountpoint.to_path_buf(),
+        bucket.to_string(),
+        readiness.clone(),
     );
-    Ok(())
+    let spawned = std::thread::Builder::new()
+        .name("mount-probe".into())
+        .spawn(move || match std::fs::read_dir(&mp) {
+            Ok(_) => {
+                tracing::info!(mountpoint = %mp.display(), bucket = %bucket, "mounted");
+                probe.ready();
+            }
+            Err(e) => probe.failed(&format!(
+                "the mount on {} does not answer: {e}",
+                mp.display()
+            )),
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the readiness probe ({e}); reporting ready now");
+        readiness.ready();
+    }
 }
 
 /// Unmounts `mountpoint`, with a clear reason when it cannot.
@@ -276,19 +238,14 @@ pub fn unmount(mountpoint: &Path) -> Result<(), String> {
     if !is_mounted(&abs) {
         return Err(format!("{} is not mounted", abs.display()));
     }
-    let c = std::ffi::CString::new(abs.as_os_str().as_encoded_bytes())
-        .map_err(|_| "mountpoint path contains NUL".to_string())?;
-    // SAFETY: `c` is a valid NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::EBUSY) => format!(
-                "{} is busy: close the files and shells using it",
-                abs.display()
-            ),
-            Some(libc::EPERM) => format!("not permitted to unmount {}", abs.display()),
-            _ => format!("cannot unmount {}: {e}", abs.display()),
-        });
-    }
-    Ok(())
+    kernel_mount::unmount(&abs, false).map_err(|e| match e.kind() {
+        std::io::ErrorKind::ResourceBusy => format!(
+            "{} is busy: close the files and shells using it",
+            abs.display()
+        ),
+        std::io::ErrorKind::PermissionDenied => {
+            format!("not permitted to unmount {}", abs.display())
+        }
+        _ => format!("cannot unmount {}: {e}", abs.display()),
+    })
 }
