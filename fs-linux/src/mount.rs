@@ -203,9 +203,11 @@ fn serve(
     result.map_err(|e| format!("FUSE session failed: {e}"))
 }
 
-/// Reports readiness once the mount answers: a thread opens the mountpoint's root directory,
-/// which the kernel sends to the session loop that is about to start. Until then neither the
-/// waiting parent (so neither `mount -t fuse.bucketdrive` nor fstab) nor systemd goes on.
+/// Reports readiness once the mount answers: a thread asks for the attributes of the mount's
+/// root, which the kernel sends to the session loop that is about to start (a new mount's
+/// root has no cached attributes). Until then neither the waiting parent (so neither
+/// `mount -t fuse.bucketdrive` nor fstab) nor systemd goes on. A mount that fails this is taken
+/// down again, so a reported failure never leaves a mount behind.
 fn announce_when_answering(mountpoint: &Path, bucket: &str, readiness: &Arc<Readiness>) {
     let (mp, bucket, probe) = (
         mountpoint.to_path_buf(),
@@ -214,15 +216,22 @@ fn announce_when_answering(mountpoint: &Path, bucket: &str, readiness: &Arc<Read
     );
     let spawned = std::thread::Builder::new()
         .name("mount-probe".into())
-        .spawn(move || match std::fs::read_dir(&mp) {
-            Ok(_) => {
+        .spawn(move || match std::fs::metadata(&mp) {
+            Ok(m) if m.is_dir() => {
                 tracing::info!(mountpoint = %mp.display(), bucket = %bucket, "mounted");
                 probe.ready();
             }
-            Err(e) => probe.failed(&format!(
-                "the mount on {} does not answer: {e}",
-                mp.display()
-            )),
+            other => {
+                let why = match other {
+                    Ok(_) => "its root is not a directory".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                probe.failed(&format!(
+                    "the mount on {} does not answer: {why}",
+                    mp.display()
+                ));
+                let _ = kernel_mount::unmount(&mp, true);
+            }
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the readiness probe ({e}); reporting ready now");
