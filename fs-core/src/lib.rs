@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod filesystem;
+pub mod metrics;
 pub mod namespace;
 pub mod platform;
 pub mod read;

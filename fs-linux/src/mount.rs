@@ -124,6 +124,7 @@ fn serve(
     // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
     args.common.init_logging(&["fuser"])?;
     let rt = lifecycle::runtime()?;
+    fs_core::cli::metrics::serve(&rt, args.common.metrics_addr.as_deref())?;
     // SAFETY: geteuid and getegid cannot fail.
     let uid = args.uid.unwrap_or_else(|| unsafe { libc::geteuid() });
     let gid = args.gid.unwrap_or_else(|| unsafe { libc::getegid() });

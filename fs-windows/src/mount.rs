@@ -96,6 +96,7 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     common.init_logging(&[])?;
     let _winfsp = crate::dll::init()?;
     let rt = lifecycle::runtime()?;
+    fs_core::cli::metrics::serve(&rt, common.metrics_addr.as_deref())?;
     let fs = lifecycle::open_filesystem(
         &rt,
         common,

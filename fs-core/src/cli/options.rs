@@ -88,6 +88,10 @@ pub struct CommonArgs {
     /// detached.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9100). Default:
+    /// no metrics endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// `--upload-mode` values.

@@ -116,20 +116,24 @@ impl<S: ObjectStore> Filesystem<S> {
         Ok((attr, opened))
     }
 
+    /// Reads from the bucket or the staged copy; the bytes returned are counted here, the one
+    /// place every reader's bytes pass (`bucketdrive_read_bytes_total`).
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let file = self.handle(fh)?;
-        match &file.io {
+        let data = match &file.io {
             FileIo::Read(reader) => {
                 let result = reader.lock().await.read(offset, size).await;
                 if matches!(result, Err(FsError::Stale)) {
                     self.ns.invalidate(file.ino);
                 }
-                result
+                result?
             }
             FileIo::Staged { item, .. } => {
-                Ok(Bytes::from(self.writer()?.read(item, offset, size).await?))
+                Bytes::from(self.writer()?.read(item, offset, size).await?)
             }
-        }
+        };
+        crate::metrics::read_bytes(data.len() as u64);
+        Ok(data)
     }
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {

@@ -5,6 +5,9 @@
 //! fetches only what it was asked for. Many readers therefore slow down to demand reads instead
 //! of running the process out of memory, and no reader can wait forever on memory that another,
 //! idle handle holds.
+//!
+//! The bytes in use are mirrored in `bucketdrive_read_budget_bytes_in_use` ([`crate::metrics`])
+//! at the two places they change: a reservation made, a reservation dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,6 +34,7 @@ pub struct Reservation {
 
 impl ReadBudget {
     pub fn new(total: u64) -> Self {
+        crate::metrics::read_budget_limit(total);
         ReadBudget {
             inner: Arc::new(Inner {
                 total,
@@ -51,6 +55,7 @@ impl ReadBudget {
             })
             .ok()?;
         self.inner.peak.fetch_max(prev + bytes, Ordering::AcqRel);
+        crate::metrics::read_budget_reserved(bytes);
         Some(Reservation {
             inner: self.inner.clone(),
             bytes,
@@ -74,6 +79,7 @@ impl ReadBudget {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.inner.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        crate::metrics::read_budget_released(self.bytes);
     }
 }
 

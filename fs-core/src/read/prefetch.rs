@@ -13,6 +13,10 @@
 //! Every GET is pinned to the generation the handle opened, so a replaced object can never be
 //! mixed with its successor: reads of a vanished generation fail with `Stale`. When the window
 //! has covered the whole object in order, the CRC32C of the bytes is compared with the object's.
+//!
+//! Each read is counted once as a prefetch hit or miss ([`crate::metrics::prefetch`]) where its
+//! source is decided: a hit when its bytes were already requested by the window (even if still
+//! in flight) or held in the last demand block; a miss when a GET had to start for them.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -274,12 +278,15 @@ impl<S: ObjectStore> Reader<S> {
                 self.window = (self.window * 2).min(self.cfg.max_window());
             }
         }
+        // Whether the window had requested all of this read before it came.
+        let foreseen = self.next_fetch >= end;
         if !self.top_up(offset, end) {
             // Over budget: give this handle's memory back and fetch only what was asked. The
             // next forward read tries to build a window again.
             self.drop_window();
             return self.read_demand(offset, end).await;
         }
+        crate::metrics::prefetch(foreseen);
 
         let mut out: Option<BytesMut> = None;
         let mut single: Option<Bytes> = None;
@@ -396,9 +403,11 @@ impl<S: ObjectStore> Reader<S> {
     async fn read_demand(&mut self, offset: u64, end: u64) -> FsResult<Bytes> {
         if let Some((start, b)) = &self.block {
             if offset >= *start && end <= start + b.len() as u64 {
+                crate::metrics::prefetch(true);
                 return Ok(b.slice((offset - start) as usize..(end - start) as usize));
             }
         }
+        crate::metrics::prefetch(false);
         let start = offset - offset % self.cfg.align;
         let stop = round_up(end, self.cfg.align).min(self.size);
         self.stats.demand_fetches += 1;

@@ -7,7 +7,8 @@
 //! fake-gcs-server on any port, so the same code path is tested locally and used in production.
 //!
 //! Every request runs inside a `gcs` tracing span with its operation, key and duration, and is
-//! retried per [`super::retry`]. Credentials are never logged.
+//! retried per [`super::retry`]. Each HTTP attempt is counted and timed in [`crate::metrics`]
+//! by operation. Credentials are never logged.
 
 use std::future::Future;
 use std::ops::Range;
@@ -165,8 +166,10 @@ impl GcsStore {
         }
     }
 
-    /// Runs one logical request with a span, a duration log, and retries.
-    async fn call<T, F, Fut>(&self, op: &'static str, key: &str, f: F) -> StoreResult<T>
+    /// Runs one logical request with a span, a duration log, and retries. Each attempt is one
+    /// HTTP request, and is counted and timed as one (the metrics see what GCS sees and bills;
+    /// the log line sees the caller's wait, backoff included).
+    async fn call<T, F, Fut>(&self, op: &'static str, key: &str, mut f: F) -> StoreResult<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = StoreResult<T>>,
@@ -174,7 +177,17 @@ impl GcsStore {
         let span = tracing::debug_span!("gcs", op, key, bucket = %self.bucket);
         async {
             let start = Instant::now();
-            let r = with_retry(self.retry, op, key, f).await;
+            let attempt = || {
+                let request = f();
+                async move {
+                    let sent = Instant::now();
+                    let r = request.await;
+                    let error = r.as_ref().err().map(|e| e.kind);
+                    crate::metrics::store_request(op, sent.elapsed(), error);
+                    r
+                }
+            };
+            let r = with_retry(self.retry, op, key, attempt).await;
             let elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
             match &r {
                 Ok(_) => tracing::debug!(elapsed_ms, "ok"),

@@ -342,7 +342,12 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
     .await;
     match (result, request_failed.into_inner()) {
         (Err(_), Some(e)) => Err(e),
-        (r, _) => r,
+        (r, _) => {
+            if let Ok(data) = &r {
+                crate::metrics::fetched_bytes(data.len() as u64);
+            }
+            r
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! GCS asks clients to back off exponentially on 408, 429 and 5xx. Retries are bounded both in
 //! count and in total time, so a dead endpoint turns into an error instead of a hang, and each
-//! retry is logged at `warn` so users can see why an operation is slow.
+//! retry is logged at `warn` so users can see why an operation is slow, and counted
+//! (`bucketdrive_store_retries_total`, by operation) here, where the decision to retry is made.
 
 use std::future::Future;
 use std::time::Duration;
@@ -68,7 +69,7 @@ fn jitter(cap: Duration) -> Duration {
 /// Runs `op` until it succeeds, fails permanently, or the policy is exhausted.
 pub async fn with_retry<T, F, Fut>(
     policy: RetryPolicy,
-    what: &str,
+    what: &'static str,
     key: &str,
     mut op: F,
 ) -> StoreResult<T>
@@ -89,6 +90,7 @@ where
                     return Err(e);
                 }
                 tracing::warn!(op = what, key, attempt, backoff_ms = sleep.as_millis() as u64, error = %e, "retrying");
+                crate::metrics::store_retry(what);
                 tokio::time::sleep(sleep).await;
                 attempt += 1;
             }

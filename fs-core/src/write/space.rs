@@ -7,6 +7,10 @@
 //! or when uploads free nothing for [`SPACE_WAIT_LIMIT`]. Reservations never block a file that
 //! fits, and nothing here holds a lock while it waits. Times are tokio's, so a paused test
 //! clock drives them.
+//!
+//! Without `--cache-size` the bytes are still counted (against no limit), so the staged bytes
+//! the metrics report (`bucketdrive_staged_bytes`, changed here with every charge and refund)
+//! mean the same with or without a limit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -40,6 +44,7 @@ impl Space {
     pub fn charge_existing(&self, charge: &AtomicU64, size: u64) {
         charge.store(size, Ordering::SeqCst);
         self.used.fetch_add(size, Ordering::SeqCst);
+        crate::metrics::staged_added(size);
     }
 
     /// Makes sure `charge` is at least `size`, waiting for uploads when the space is full.
@@ -53,9 +58,8 @@ impl Space {
         open_bytes: impl Fn() -> u64,
         hurry: impl Fn(),
     ) -> FsResult<()> {
-        let Some(limit) = self.limit else {
-            return Ok(());
-        };
+        // No limit: everything fits, but is still counted.
+        let limit = self.limit.unwrap_or(u64::MAX);
         let mut waited_since = Instant::now();
         loop {
             let charged = charge.load(Ordering::SeqCst);
@@ -67,13 +71,14 @@ impl Space {
             tokio::pin!(freed);
             freed.as_mut().enable();
             let used = self.used.load(Ordering::SeqCst);
-            if used + delta <= limit {
+            if let Some(now) = used.checked_add(delta).filter(|n| *n <= limit) {
                 if self
                     .used
-                    .compare_exchange(used, used + delta, Ordering::SeqCst, Ordering::SeqCst)
+                    .compare_exchange(used, now, Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok()
                 {
                     charge.store(size, Ordering::SeqCst);
+                    crate::metrics::staged_added(delta);
                     return Ok(());
                 }
                 continue;
@@ -112,6 +117,7 @@ impl Space {
         if size < old {
             charge.store(size, Ordering::SeqCst);
             self.used.fetch_sub(old - size, Ordering::SeqCst);
+            crate::metrics::staged_removed(old - size);
             self.freed.notify_waiters();
         }
     }

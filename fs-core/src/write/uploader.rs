@@ -11,6 +11,9 @@
 //! - our own earlier write found in the bucket (its answer was lost): rebased, retried at once;
 //! - failed: the item backs off (the scheduler owns the wait), its upload progress and the fact
 //!   that this version may have landed are journaled, and it is retried. Nothing is dropped.
+//!
+//! The outcomes are counted here as they are filed ([`crate::metrics`]: uploads and their
+//! bytes, failures, conflicts), and a file counts as a pending upload while its task lives.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -46,7 +49,12 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         it.sched.task = true;
         let (me, shared) = (self.clone(), shared.clone());
-        tokio::spawn(async move { me.run(shared).await });
+        // Counted as pending from now until the task ends, which is when nothing is left.
+        let pending = crate::metrics::PendingUpload::new();
+        tokio::spawn(async move {
+            me.run(shared).await;
+            drop(pending);
+        });
     }
 
     async fn run(self: Arc<Self>, shared: Arc<Shared>) {
@@ -194,6 +202,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 let conflict = meta.key != it.key;
                 if conflict {
                     self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::conflict();
                     tracing::error!(key = %it.key, saved_as = %meta.key, "conflict: our version was saved beside the bucket's");
                     // Later changes to this file start from whatever is now in the bucket.
                     it.base = None;
@@ -223,6 +232,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 // A version kept apart for this upload no longer takes space.
                 self.recharge(shared, &it);
                 self.counters.record_upload(v.size);
+                crate::metrics::uploaded(v.size);
                 (self.on_settled)(&it.key, (!conflict).then_some(&meta));
                 shared.progress.send_modify(|p| {
                     p.uploaded = p.uploaded.max(v.seq);
@@ -246,6 +256,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             Err(e) => {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::upload_failed();
                 let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
                 it.note_maybe_landed(&v);
                 if current && it.life == Life::Live {
