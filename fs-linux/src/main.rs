@@ -1,5 +1,6 @@
 //! `bucketdrive`: mount a Google Cloud Storage bucket with FUSE.
 
+mod completions;
 mod control;
 mod daemon;
 mod fuse;
@@ -46,6 +47,11 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Print a completion script for SHELL to stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages into DIR (used to build packages).
+    #[command(hide = true)]
+    Manpages { dir: PathBuf },
 }
 
 /// Options of `bucketdrive mount`.
@@ -98,6 +104,8 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Mount(args) => mount::run(*args),
+        Command::Completions { shell } => completions::print_completions(shell),
+        Command::Manpages { dir } => completions::write_manpages(&dir),
         Command::Status { mountpoint, wait } => match control::status_command(&mountpoint, wait) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -205,11 +205,13 @@ for r in $(seq "$RUNS"); do
   echo "run $r/$RUNS: fio" >&2
   job=(--name=randwrite --rw=randwrite --bs=4k --size=256m --ioengine=psync --output-format=json)
   iops() { python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))'; }
+  # fio leaves a verify state file in its working directory: run it in $WORK, which goes away.
+  fio_in_work() { (cd "$WORK" && fio "$@"); }
   rm -f "$WORK/local/fio.dat"
-  add fio_local "$(fio "${job[@]}" --filename="$WORK/local/fio.dat" | iops)"
+  add fio_local "$(fio_in_work "${job[@]}" --filename="$WORK/local/fio.dat" | iops)"
   rm -f "$WORK/local/fio.dat"
   bd_mount
-  add fio_bd "$(fio "${job[@]}" --filename="$MNT/fio.dat" | iops)"
+  add fio_bd "$(fio_in_work "${job[@]}" --filename="$MNT/fio.dat" | iops)"
   "$BD" status --wait "$MNT" >/dev/null
   bd_unmount
   delete_under fio.dat

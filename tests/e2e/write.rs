@@ -343,8 +343,12 @@ fn a_full_cache_disk_gives_enospc_and_loses_nothing() -> Result<()> {
 }
 
 /// Runs fio's random-write job with `extra` arguments against `file`; fails with fio's output.
+/// fio runs in a temporary directory because it writes a verify state file
+/// (`local-randwrite-0-verify.state`) into its working directory.
 fn fio(file: &std::path::Path, extra: &[&str]) -> Result<()> {
+    let scratch = tempfile::tempdir()?;
     let out = Command::new("fio")
+        .current_dir(scratch.path())
         .args([
             "--name=randwrite",
             "--rw=randwrite",

@@ -105,6 +105,7 @@ pub struct GcsStore {
 impl GcsStore {
     /// Builds a client. Fails on unreadable or invalid credentials; does not touch the bucket.
     pub async fn connect(bucket: &str, opts: &GcsOptions) -> StoreResult<Self> {
+        super::tls::install_crypto_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))

@@ -11,6 +11,7 @@
 pub mod gcs;
 pub mod memory;
 pub mod retry;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::ops::Range;
