@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use fs_core::cli::lifecycle;
+use fs_core::cli::{lifecycle, logging};
 use std::os::fd::OwnedFd;
 
 use fuser::{Config, Session, SessionACL};
@@ -102,7 +102,15 @@ fn serve(
     readiness: &mut Readiness,
 ) -> Result<(), String> {
     // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
-    args.common.init_logging(&["fuser"])?;
+    // Detached, standard error is /dev/null: the log goes to syslog or the cache directory.
+    let destination = if args.foreground {
+        logging::Destination::Attached
+    } else {
+        logging::Destination::Detached {
+            cache_dir: args.common.cache_dir(&bucket, &prefix, mountpoint),
+        }
+    };
+    logging::init(&args.common, &["fuser"], destination)?;
     let rt = lifecycle::runtime()?;
     // SAFETY: geteuid and getegid cannot fail.
     let uid = args.uid.unwrap_or_else(|| unsafe { libc::geteuid() });
