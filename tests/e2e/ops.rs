@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bucketdrive_tests::{
-    bucketdrive_bin, is_mounted, random_bytes, sha256, wait_for_object, write_and_close,
-    Emulator, Mount, Proxy, Result,
+    bucketdrive_bin, is_mounted, random_bytes, sha256, wait_for_object, write_and_close, Emulator,
+    Mount, Proxy, Result,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -41,8 +41,14 @@ fn the_log_file_is_private_plain_text() -> Result<()> {
     m.wait_uploaded(Duration::from_secs(30))?;
     let log = std::fs::read_to_string(m.log_path())?;
     assert_eq!(mode(m.log_path())?, 0o600, "the log file is private");
-    assert!(log.contains("mounted"), "a known line is in the log:\n{log}");
-    assert!(log.contains("op=\"put\""), "span fields are in the log:\n{log}");
+    assert!(
+        log.contains("mounted"),
+        "a known line is in the log:\n{log}"
+    );
+    assert!(
+        log.contains("op=\"put\""),
+        "span fields are in the log:\n{log}"
+    );
     assert!(!log.contains("\x1b["), "no colour codes in a file:\n{log}");
     m.unmount()
 }
@@ -50,15 +56,22 @@ fn the_log_file_is_private_plain_text() -> Result<()> {
 #[test]
 fn json_log_lines_parse() -> Result<()> {
     let emu = setup("logjson")?;
-    let m = Mount::new(&emu, "logjson", &["--log-format", "json", "--log-level", "debug"])?;
+    let m = Mount::new(
+        &emu,
+        "logjson",
+        &["--log-format", "json", "--log-level", "debug"],
+    )?;
     write_and_close(&m.path().join("a"), b"hello")?;
     m.wait_uploaded(Duration::from_secs(30))?;
     let log = std::fs::read_to_string(m.log_path())?;
     let mut messages = Vec::new();
     for line in log.lines() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| anyhow::anyhow!("not JSON ({e}): {line:?}"))?;
-        assert!(v["timestamp"].is_string() && v["level"].is_string(), "{line}");
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| anyhow::anyhow!("not JSON ({e}): {line:?}"))?;
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string(),
+            "{line}"
+        );
         if let Some(msg) = v["fields"]["message"].as_str() {
             messages.push(msg.to_string());
         }
@@ -92,7 +105,10 @@ impl Detached {
             "bucketdrive mount failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        anyhow::ensure!(is_mounted(d.path()), "not mounted after the parent returned");
+        anyhow::ensure!(
+            is_mounted(d.path()),
+            "not mounted after the parent returned"
+        );
         Ok(d)
     }
 
@@ -183,7 +199,10 @@ fn an_earlier_cache_layout_is_used_in_place() -> Result<()> {
     let log = m.log_text();
     assert!(log.contains("layout of an earlier version"), "{log}");
     m.unmount()?;
-    assert!(!ours.exists(), "no sub-directory: the earlier layout is used as it is");
+    assert!(
+        !ours.exists(),
+        "no sub-directory: the earlier layout is used as it is"
+    );
     assert_eq!(mode(cache.path())?, 0o750, "its mode is left as it is");
     Ok(())
 }
@@ -351,7 +370,13 @@ impl TokenServer {
 /// A fresh RSA key in PEM, from the openssl command line.
 fn rsa_key_pem() -> Result<String> {
     let out = Command::new("openssl")
-        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
         .stderr(Stdio::null())
         .output()
         .map_err(|e| anyhow::anyhow!("openssl is needed to make a key: {e}"))?;
@@ -400,17 +425,30 @@ fn credentials_stay_out_of_a_trace_log() -> Result<()> {
     let log = m.log_text();
     assert!(log.len() > 1000, "a trace log has lines:\n{log}");
     assert!(!log.contains(TOKEN), "the access token is in the log");
-    assert!(!log.contains("PRIVATE KEY"), "the private key is in the log");
+    assert!(
+        !log.contains("PRIVATE KEY"),
+        "the private key is in the log"
+    );
     for line in pem.lines().filter(|l| !l.starts_with("-----")).take(5) {
-        assert!(!log.contains(line), "a line of the private key is in the log");
+        assert!(
+            !log.contains(line),
+            "a line of the private key is in the log"
+        );
     }
-    let bodies = server.bodies.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let bodies = server
+        .bodies
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     for body in &bodies {
         // The signed assertion sent to the token endpoint is a credential too.
         if let Some(assertion) = body.split("assertion=").nth(1) {
             let assertion = assertion.split('&').next().unwrap_or_default();
             assert!(!assertion.is_empty());
-            assert!(!log.contains(assertion), "the signed assertion is in the log");
+            assert!(
+                !log.contains(assertion),
+                "the signed assertion is in the log"
+            );
         }
     }
     m.unmount()

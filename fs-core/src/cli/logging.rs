@@ -16,7 +16,6 @@
 //! ([`crate::store::gcs`]); [`SECRET_CEILINGS`] caps the few dependency targets that can print
 //! request bytes or signed URLs, even when `RUST_LOG` asks for more.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
@@ -289,7 +288,7 @@ struct SyslogEvent<'a> {
 }
 
 #[cfg(unix)]
-impl Write for SyslogEvent<'_> {
+impl std::io::Write for SyslogEvent<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.buf.extend_from_slice(bytes);
         Ok(bytes.len())
