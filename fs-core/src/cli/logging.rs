@@ -36,11 +36,12 @@ pub const SYSLOG_SOCKET: &str = "/dev/log";
 /// Targets that can print secrets at their most verbose levels, and the most they may log.
 /// `reqwest::connect` dumps raw request bytes (the `Authorization` header) at trace when a
 /// client is built verbose; `gcloud_storage` prints what it signs for signed URLs at trace.
-/// Applied after `RUST_LOG`, so no environment setting lifts them.
-pub const SECRET_CEILINGS: &[&str] = &[
-    "reqwest::connect=debug",
-    "gcloud_storage::sign=debug",
-    "gcloud_storage::client=debug",
+/// Applied on top of `RUST_LOG`, so no environment setting lifts them (they only cap: they
+/// never enable anything the level does not).
+pub const SECRET_CEILINGS: &[(&str, tracing::Level)] = &[
+    ("reqwest::connect", tracing::Level::DEBUG),
+    ("gcloud_storage::sign", tracing::Level::DEBUG),
+    ("gcloud_storage::client", tracing::Level::DEBUG),
 ];
 
 /// `--log-format` values.
@@ -140,23 +141,25 @@ fn build(
     Ok((layer, sink))
 }
 
-/// `RUST_LOG` if set, else `level` with `quiet_targets` kept to errors; then the secret
-/// ceilings, which nothing lifts.
-fn filter(level: &str, quiet_targets: &[&str]) -> Result<EnvFilter, String> {
+/// `RUST_LOG` if set, else `level` with `quiet_targets` kept to errors; and, whichever it is,
+/// the secret ceilings.
+fn filter(
+    level: &str,
+    quiet_targets: &[&str],
+) -> Result<impl tracing_subscriber::layer::Filter<Registry>, String> {
+    use tracing_subscriber::filter::{FilterExt, LevelFilter, Targets};
     let mut directives = level.to_string();
     for t in quiet_targets {
         directives.push_str(&format!(",{t}=error"));
     }
-    let mut filter = EnvFilter::try_from_default_env()
+    let wanted = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&directives))
         .map_err(|e| format!("invalid --log-level {level:?}: {e}"))?;
-    for ceiling in SECRET_CEILINGS {
-        // The ceilings are constants that parse; a failure would only lose the cap.
-        if let Ok(d) = ceiling.parse() {
-            filter = filter.add_directive(d);
-        }
-    }
-    Ok(filter)
+    let ceilings = SECRET_CEILINGS.iter().fold(
+        Targets::new().with_default(LevelFilter::TRACE),
+        |t, (target, max)| t.with_target(*target, *max),
+    );
+    Ok(wanted.and(ceilings))
 }
 
 /// The destination rule of the module documentation.
@@ -498,9 +501,28 @@ mod tests {
     }
 
     #[test]
-    fn ceilings_hold_against_rust_log_style_filters() {
-        let f = filter("trace", &["fuser"]).unwrap().to_string();
-        assert!(f.contains("reqwest::connect=debug"), "{f}");
-        assert!(f.contains("fuser=error"), "{f}");
+    fn ceilings_cap_without_enabling() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |level: &str| -> String {
+            let path = dir.path().join(format!("{level}.log"));
+            let c = common(&["--log-file", path.to_str().unwrap(), "--log-level", level]);
+            let (layer, _) =
+                build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+                tracing::trace!(target: "reqwest::connect", "raw-bytes");
+                tracing::debug!(target: "reqwest::connect", "new-connection");
+                tracing::trace!(target: "fs_core::x", "core-trace");
+            });
+            std::fs::read_to_string(&path).unwrap_or_default()
+        };
+        let trace = run("trace");
+        assert!(!trace.contains("raw-bytes"), "{trace}");
+        assert!(trace.contains("new-connection"), "{trace}");
+        assert!(trace.contains("core-trace"), "{trace}");
+        let info = run("info");
+        assert!(
+            !info.contains("new-connection"),
+            "a ceiling enables nothing: {info}"
+        );
     }
 }
