@@ -83,7 +83,7 @@ pub fn init(
         .map_err(|e| format!("cannot set up logging: {e}"))
 }
 
-/// Where a subscriber built by [`build`] writes (for tests and the start-up line).
+/// Where a subscriber built by [`build`] writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Sink {
     Stderr { ansi: bool },
