@@ -10,18 +10,66 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::io;
 use std::path::Path;
 
-/// Creates `path` and its parents, readable only by the user.
-pub fn create_private_dir(path: &Path) -> io::Result<()> {
+/// Creates `path` and whatever of its parents is missing; directories it creates are readable
+/// only by the user (0700 on Unix). Directories that already exist are left exactly as they
+/// are: a parent may be one the user named, such as `/tmp`, whose mode is not ours to change.
+pub fn create_dirs(path: &Path) -> io::Result<()> {
     let mut builder = DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        builder.mode(0o700).create(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
     }
-    #[cfg(not(unix))]
     builder.create(path)
+}
+
+/// Creates `path` (see [`create_dirs`]) and makes sure it is a private directory of ours: on
+/// Unix a real directory, not a symbolic link, owned by the effective user, and mode 0700
+/// (narrowed if wider). Only for directories bucketdrive owns, never for one the user named.
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    create_dirs(path)?;
+    #[cfg(unix)]
+    secure_own_dir(path)?;
+    Ok(())
+}
+
+/// Checks that `path` is a directory of ours, not a symbolic link, and narrows its mode to
+/// 0700. The directory is opened with `O_NOFOLLOW | O_DIRECTORY` and checked and changed
+/// through that descriptor, so a symbolic link (or anything swapped in between the check and
+/// the change) is refused instead of followed. Parent directories may be links; only the last
+/// component, the directory we own, must not be.
+#[cfg(unix)]
+pub fn secure_own_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let refuse = |why: &str| io::Error::new(io::ErrorKind::PermissionDenied, why.to_string());
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // With O_DIRECTORY, Linux answers ENOTDIR for a link to a directory.
+            Some(libc::ELOOP | libc::ENOTDIR)
+                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                refuse("it is a symbolic link; refusing to use it")
+            }
+            Some(libc::ENOTDIR) => refuse("it is not a directory"),
+            _ => e,
+        })?;
+    let meta = dir.metadata()?;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(refuse(&format!(
+            "it belongs to user {}, not to us (user {me}); refusing to use it",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        dir.set_permissions(std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 /// Makes files opened with `options` readable only by the user.

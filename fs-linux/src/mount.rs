@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use fs_core::cli::lifecycle;
+use fs_core::cli::{lifecycle, logging};
 
 use fuser::{Config, Session, SessionACL};
 
@@ -122,7 +122,15 @@ fn serve(
     readiness: &Arc<Readiness>,
 ) -> Result<(), String> {
     // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
-    args.common.init_logging(&["fuser"])?;
+    // Detached, standard error is /dev/null: the log goes to syslog or the cache directory.
+    let destination = if args.foreground || notify::supervised() {
+        logging::Destination::Attached
+    } else {
+        logging::Destination::Detached {
+            cache_dir: args.common.cache_dir(&bucket, &prefix, mountpoint),
+        }
+    };
+    logging::init(&args.common, &["fuser"], destination)?;
     let rt = lifecycle::runtime()?;
     fs_core::cli::metrics::serve(&rt, args.common.metrics_addr.as_deref())?;
     // SAFETY: geteuid and getegid cannot fail.

@@ -93,7 +93,8 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     let (bucket, prefix) = fs_core::config::parse_bucket_spec(launcher_bucket_spec(&args.bucket))?;
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let security = Descriptor::from_sddl(&args.security)?;
-    common.init_logging(&[])?;
+    // Always attached: the WinFsp launcher runs the mount as a foreground process.
+    fs_core::cli::logging::init(common, &[], fs_core::cli::logging::Destination::Attached)?;
     let _winfsp = crate::dll::init()?;
     let rt = lifecycle::runtime()?;
     fs_core::cli::metrics::serve(&rt, common.metrics_addr.as_deref())?;

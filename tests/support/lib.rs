@@ -416,13 +416,37 @@ impl Mount {
         cache_dir: &Path,
         args: &[&str],
     ) -> Result<Self> {
+        Self::spawn(endpoint, spec, cache_dir, &["--anonymous"], args)
+    }
+
+    /// Mounts with the credentials of a service-account key file instead of anonymously.
+    pub fn with_key_file(
+        endpoint: &str,
+        spec: &str,
+        cache_dir: &Path,
+        key_file: &Path,
+        args: &[&str],
+    ) -> Result<Self> {
+        let key = key_file.to_string_lossy();
+        Self::spawn(endpoint, spec, cache_dir, &["--key-file", &key], args)
+    }
+
+    fn spawn(
+        endpoint: &str,
+        spec: &str,
+        cache_dir: &Path,
+        credentials: &[&str],
+        args: &[&str],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
         let log = dir.path().with_extension("log");
         let child = Command::new(bucketdrive_bin())
             .arg("mount")
             .arg(spec)
             .arg(dir.path())
-            .args(["--foreground", "--anonymous", "--endpoint", endpoint])
+            .arg("--foreground")
+            .args(credentials)
+            .args(["--endpoint", endpoint])
             .arg("--log-file")
             .arg(&log)
             .arg("--cache-dir")
@@ -518,6 +542,11 @@ impl Mount {
 
     pub fn path(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The `--log-file` the mount writes (removed when the mount is taken down).
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     pub fn log_text(&self) -> String {

@@ -50,6 +50,13 @@ pub fn open_filesystem(
     let mut cfg = common.mount_config(bucket, prefix);
     platform(&mut cfg);
     let store = Arc::new(store);
+    if let Some(note) = common
+        .cache_dir
+        .as_deref()
+        .and_then(crate::write::cache_dir::ignored_earlier_layout)
+    {
+        tracing::warn!("{note}");
+    }
     let fs = match common.write_config(common.cache_dir(bucket, prefix, mountpoint)) {
         None => Filesystem::new(store, cfg),
         Some(w) => {

@@ -37,8 +37,9 @@ pub struct CommonArgs {
     /// Memory for read-ahead, shared by all open files.
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     pub max_read_memory: u64,
-    /// Where written data is staged and the upload journal kept. Default: under the user's
-    /// cache directory, one sub-directory per mount.
+    /// Where written data is staged and the upload journal kept: in a sub-directory
+    /// bucketdrive-cache that bucketdrive makes inside it (the directory itself is not
+    /// changed). Default: under the user's cache directory, one sub-directory per mount.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Most bytes staged in the cache directory at once (e.g. 20GiB). When full, writes wait
@@ -84,14 +85,17 @@ pub struct CommonArgs {
     /// Log level (error, warn, info, debug, trace). RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     pub log_level: String,
-    /// Append logs to this file. Default: standard error in the foreground, nowhere when
-    /// detached.
+    /// Append logs to this file (created 0600). Default: standard error in the foreground;
+    /// when detached, syslog (/dev/log) if present, else bucketdrive.log in the cache directory.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9100). Default:
     /// no metrics endpoint.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// Log line format: text, or json (one JSON object per line).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: super::logging::LogFormat,
 }
 
 /// `--upload-mode` values.
@@ -116,11 +120,15 @@ impl CommonArgs {
         cfg
     }
 
-    /// The cache directory: `--cache-dir`, or one per bucket, prefix and mountpoint.
+    /// The cache directory's root: our sub-directory of `--cache-dir` (or that directory
+    /// itself when it holds an earlier version's layout), else one per bucket, prefix and
+    /// mountpoint under the user's cache directory.
     pub fn cache_dir(&self, bucket: &str, prefix: &str, mountpoint: &Path) -> PathBuf {
-        self.cache_dir.clone().unwrap_or_else(|| {
-            crate::write::cache_dir::default_cache_dir(bucket, prefix, mountpoint)
-        })
+        use crate::write::cache_dir;
+        match &self.cache_dir {
+            Some(named) => cache_dir::in_user_dir(named).0,
+            None => cache_dir::default_cache_dir(bucket, prefix, mountpoint),
+        }
     }
 
     /// The write-back configuration; `None` for a read-only mount.
@@ -128,7 +136,10 @@ impl CommonArgs {
         if self.read_only {
             return None;
         }
+        // The root is the named directory itself only when that holds an earlier layout.
+        let legacy = self.cache_dir.as_deref() == Some(cache_dir.as_path());
         let mut w = WriteConfig::new(cache_dir);
+        w.legacy_cache_dir = legacy;
         w.write_back_delay = self.write_back_delay;
         w.upload_on_close = self.upload_on_close;
         w.cache_size = self.cache_size;
@@ -142,36 +153,5 @@ impl CommonArgs {
             UploadModeArg::Resumable => UploadMode::Resumable,
         };
         Some(w)
-    }
-
-    /// Sends logs to `--log-file` or standard error, at `--log-level` (RUST_LOG wins).
-    /// `quiet_targets` are crates whose logs are kept to errors.
-    pub fn init_logging(&self, quiet_targets: &[&str]) -> Result<(), String> {
-        use tracing_subscriber::EnvFilter;
-        let mut directives = self.log_level.clone();
-        for t in quiet_targets {
-            directives.push_str(&format!(",{t}=error"));
-        }
-        let filter = EnvFilter::try_from_default_env()
-            .or_else(|_| EnvFilter::try_new(&directives))
-            .map_err(|e| format!("invalid --log-level {:?}: {e}", self.log_level))?;
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_target(false);
-        match &self.log_file {
-            Some(path) => {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| format!("cannot open log file {}: {e}", path.display()))?;
-                builder
-                    .with_ansi(false)
-                    .with_writer(std::sync::Mutex::new(file))
-                    .init();
-            }
-            None => builder.with_writer(std::io::stderr).init(),
-        }
-        Ok(())
     }
 }

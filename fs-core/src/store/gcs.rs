@@ -8,7 +8,10 @@
 //!
 //! Every request runs inside a `gcs` tracing span with its operation, key and duration, and is
 //! retried per [`super::retry`]. Each HTTP attempt is counted and timed in [`crate::metrics`]
-//! by operation. Credentials are never logged.
+//! by operation. Credentials are never logged, and neither are resumable session URLs: whoever
+//! holds one can write the object, so every error message is stripped of the request's URL
+//! query and scrubbed of secret parameters ([`redact_url`], [`scrub`]) before it leaves this
+//! module.
 
 use std::future::Future;
 use std::ops::Range;
@@ -122,7 +125,7 @@ impl GcsStore {
         let auth_err = |e: gcloud_storage::client::google_cloud_auth::error::Error| {
             StoreError::new(
                 StoreErrorKind::PermissionDenied,
-                format!("credentials: {e}"),
+                scrub(&format!("credentials: {e}")),
             )
         };
         let config = match &opts.credentials {
@@ -136,7 +139,7 @@ impl GcsStore {
                 .map_err(|e| {
                     StoreError::new(
                         StoreErrorKind::PermissionDenied,
-                        format!("cannot use key file {}: {e}", path.display()),
+                        scrub(&format!("cannot use key file {}: {e}", path.display())),
                     )
                 })?;
                 base.with_credentials(file).await.map_err(auth_err)?
@@ -224,28 +227,85 @@ impl GcsStore {
     }
 }
 
-/// Classifies a client error once; every caller sees only [`StoreErrorKind`].
+/// Classifies a client error once; every caller sees only [`StoreErrorKind`]. Messages are
+/// made safe to log here, once, since they travel into retries, warnings and status lines.
 fn classify(e: GcsError) -> StoreError {
-    match e {
-        GcsError::Response(r) => StoreError::from_status(r.code, r.message),
+    let (kind, message) = match e {
+        GcsError::Response(r) => return StoreError::from_status(r.code, scrub(&r.message)),
         GcsError::HttpClient(e) | GcsError::RawResponse(e, _) => match e.status() {
-            Some(s) => StoreError::from_status(s.as_u16(), e.to_string()),
+            Some(s) => {
+                return StoreError::from_status(s.as_u16(), redact_url(e).to_string());
+            }
             None if e.is_timeout()
                 || e.is_connect()
                 || e.is_request()
                 || e.is_body()
                 || e.is_decode() =>
             {
-                StoreError::new(StoreErrorKind::Transient, e.to_string())
+                (StoreErrorKind::Transient, redact_url(e).to_string())
             }
-            None => StoreError::new(StoreErrorKind::Other, e.to_string()),
+            None => (StoreErrorKind::Other, redact_url(e).to_string()),
         },
-        GcsError::HttpMiddleware(e) => StoreError::new(StoreErrorKind::Transient, e.to_string()),
-        GcsError::TokenSource(e) => {
-            StoreError::new(StoreErrorKind::PermissionDenied, format!("token: {e}"))
-        }
-        GcsError::InvalidRangeHeader(s) => StoreError::new(StoreErrorKind::InvalidArgument, s),
+        // A middleware error is an `anyhow` chain; its text is scrubbed below.
+        GcsError::HttpMiddleware(e) => (StoreErrorKind::Transient, format!("{e:#}")),
+        GcsError::TokenSource(e) => (StoreErrorKind::PermissionDenied, format!("token: {e}")),
+        GcsError::InvalidRangeHeader(s) => (StoreErrorKind::InvalidArgument, s),
+    };
+    StoreError::new(kind, scrub(&message))
+}
+
+/// Drops the query, the fragment and any user or password from the URL an HTTP error carries
+/// (and prints in its message). The query of a resumable upload holds its `upload_id`, which
+/// is all it takes to write to that upload; the path (bucket, object) stays, for diagnosis.
+fn redact_url(mut e: reqwest::Error) -> reqwest::Error {
+    if let Some(url) = e.url_mut() {
+        url.set_query(None);
+        url.set_fragment(None);
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
     }
+    e
+}
+
+/// Query parameters whose values are secrets, wherever they show up in a message.
+const SECRET_PARAMS: &[&str] = &["upload_id", "access_token", "x-goog-signature", "signature"];
+
+/// Replaces the value of every secret parameter (`name=value`, case-insensitive) in `text`
+/// with `<redacted>`: a last guard for messages that quote a URL without going through
+/// [`redact_url`], such as a server's own error text.
+pub(crate) fn scrub(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let hit = SECRET_PARAMS.iter().find_map(|p| {
+            let key = format!("{p}=");
+            let at_boundary = i == 0 || {
+                let b = lower.as_bytes()[i - 1];
+                !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            };
+            (at_boundary && lower[i..].starts_with(&key)).then_some(key.len())
+        });
+        match hit {
+            Some(len) => {
+                out.push_str(&text[i..i + len]);
+                out.push_str("<redacted>");
+                i += len;
+                while i < text.len()
+                    && !matches!(text.as_bytes()[i], b'&' | b' ' | b')' | b'"' | b'\'' | b',')
+                    && !text.as_bytes()[i].is_ascii_whitespace()
+                {
+                    i += 1;
+                }
+            }
+            None => {
+                let ch = text[i..].chars().next().map_or(1, char::len_utf8);
+                out.push_str(&text[i..i + ch]);
+                i += ch;
+            }
+        }
+    }
+    out
 }
 
 fn to_meta(o: Object) -> ObjectMeta {
@@ -543,5 +603,40 @@ mod tests {
         assert_eq!(o.credentials, Credentials::Anonymous);
         let o = GcsOptions::resolve(Some("https://x".into()), Some("/k.json".into()), false);
         assert_eq!(o.credentials, Credentials::KeyFile("/k.json".into()));
+    }
+
+    #[test]
+    fn secrets_are_scrubbed_from_messages() {
+        let m = "error sending request for url (http://h/upload/storage/v1/b/b/o?uploadType=resumable&name=a&upload_id=ABC-123_x)";
+        let s = scrub(m);
+        assert!(!s.contains("ABC-123_x"), "{s}");
+        assert!(s.contains("upload_id=<redacted>)"), "{s}");
+        assert!(s.contains("name=a&"), "{s}");
+        let s = scrub("Upload_ID=zz&access_token=ya29.tok more; my_upload_id=kept");
+        assert_eq!(
+            s,
+            "Upload_ID=<redacted>&access_token=<redacted> more; my_upload_id=kept"
+        );
+        assert_eq!(scrub("héllo wörld"), "héllo wörld");
+    }
+
+    #[tokio::test]
+    async fn http_errors_lose_their_query() {
+        // A request to a closed port fails with the URL in its message.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://u:pw@127.0.0.1:{port}/upload/o?upload_id=SECRET&name=n");
+        let e = reqwest::Client::new().get(&url).send().await.unwrap_err();
+        assert!(
+            e.to_string().contains("SECRET"),
+            "the leak this guards against: {e}"
+        );
+        let err = classify(GcsError::HttpClient(e));
+        assert!(!err.message.contains("SECRET"), "{}", err.message);
+        assert!(!err.message.contains("pw"), "{}", err.message);
+        assert!(err.message.contains("/upload/o"), "{}", err.message);
     }
 }

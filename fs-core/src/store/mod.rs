@@ -147,10 +147,21 @@ pub struct WriteOptions {
 }
 
 /// A resumable upload session.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ResumableSession {
     pub key: String,
+    /// The session URL: whoever holds it can write the upload, so it is kept out of logs
+    /// (its `Debug` shows only the key).
     pub url: String,
+}
+
+impl std::fmt::Debug for ResumableSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumableSession")
+            .field("key", &self.key)
+            .field("url", &"<redacted>")
+            .finish()
+    }
 }
 
 /// Result of sending one resumable chunk.

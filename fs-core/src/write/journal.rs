@@ -53,8 +53,9 @@ pub struct PartRecord {
     pub len: u64,
 }
 
-/// Where a staged file's upload stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a staged file's upload stands. Its `Debug` hides the session URL (a credential for
+/// the upload), so a record can be logged or shown in a failed assertion without leaking it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum UploadState {
     /// Durable locally, not yet uploaded.
@@ -70,6 +71,27 @@ pub enum UploadState {
     Done { generation: i64 },
     /// The bucket's object changed since it was opened: the local version was saved beside it.
     Conflict { saved_as: String },
+}
+
+impl std::fmt::Debug for UploadState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UploadState::Staged => f.write_str("Staged"),
+            UploadState::Uploading { session_url, parts } => f
+                .debug_struct("Uploading")
+                .field("session_url", &session_url.as_ref().map(|_| "<redacted>"))
+                .field("parts", parts)
+                .finish(),
+            UploadState::Done { generation } => f
+                .debug_struct("Done")
+                .field("generation", generation)
+                .finish(),
+            UploadState::Conflict { saved_as } => f
+                .debug_struct("Conflict")
+                .field("saved_as", saved_as)
+                .finish(),
+        }
+    }
 }
 
 /// The journal record of one staged file.
@@ -462,6 +484,22 @@ mod tests {
         );
         assert_eq!(corrupt.len(), 1);
         assert!(corrupt[0].exists(), "the damaged log is copied aside");
+    }
+
+    #[test]
+    fn debug_output_hides_session_urls() {
+        let state = UploadState::Uploading {
+            session_url: Some("http://h/o?upload_id=SECRET".into()),
+            parts: Vec::new(),
+        };
+        let text = format!("{:?}", rec(1, state));
+        assert!(!text.contains("SECRET"), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
+        let s = crate::store::ResumableSession {
+            key: "k".into(),
+            url: "http://h/o?upload_id=SECRET".into(),
+        };
+        assert!(!format!("{s:?}").contains("SECRET"));
     }
 
     fn j_append(path: &Path, text: &str) {

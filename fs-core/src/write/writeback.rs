@@ -39,6 +39,9 @@ pub use super::status::{Counters, Status};
 #[derive(Debug, Clone)]
 pub struct WriteConfig {
     pub cache_dir: PathBuf,
+    /// `cache_dir` is a directory the user named that holds an earlier version's layout: it
+    /// is used as it is and its mode left alone (see [`super::cache_dir`]).
+    pub legacy_cache_dir: bool,
     pub write_back_delay: Duration,
     pub upload_on_close: bool,
     pub upload: UploadConfig,
@@ -55,6 +58,7 @@ impl WriteConfig {
     pub fn new(cache_dir: PathBuf) -> Self {
         WriteConfig {
             cache_dir,
+            legacy_cache_dir: false,
             write_back_delay: Duration::from_secs(1),
             upload_on_close: false,
             upload: UploadConfig::default(),
@@ -114,7 +118,7 @@ impl<S: ObjectStore> WriteBack<S> {
         cfg: WriteConfig,
         on_settled: SettleHook,
     ) -> Result<Arc<Self>, String> {
-        let dir = CacheDir::open(&cfg.cache_dir)?;
+        let dir = CacheDir::open_at(&cfg.cache_dir, cfg.legacy_cache_dir)?;
         let journal = Journal::open(&dir.journal_dir())
             .map_err(|e| format!("cannot open the journal: {e}"))?;
         let staged = dir

@@ -1,0 +1,528 @@
+//! Where the mount's log goes, and in what form.
+//!
+//! - Attached to a terminal or a service manager (`--foreground`, Windows): standard error,
+//!   coloured only when it is a terminal (and `NO_COLOR` is unset), so a journal or a pipe
+//!   never receives escape codes.
+//! - Detached: `--log-file` if given; else the system log through `/dev/log` when that socket
+//!   exists; else `<cache-dir>/bucketdrive.log`. A detached process's standard error is
+//!   /dev/null, so it must never be the destination there.
+//!
+//! Log files are created 0600 and never hold colour codes: a log can name files and buckets
+//! the rest of the machine should not see, and a file is read with tools that do not interpret
+//! escape codes. `--log-format json` writes one JSON object per line instead of text.
+//!
+//! What is never logged: credentials (tokens, keys) and resumable-upload session URLs, which
+//! are bearer credentials for one upload. The store strips URLs from its errors
+//! ([`crate::store::gcs`]); [`SECRET_CEILINGS`] caps the few dependency targets that can print
+//! request bytes or signed URLs, even when `RUST_LOG` asks for more.
+
+use std::path::{Path, PathBuf};
+
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
+
+use super::options::CommonArgs;
+
+/// The file a detached mount logs to when there is neither `--log-file` nor a system log,
+/// inside its cache directory.
+pub const DEFAULT_LOG_FILE: &str = "bucketdrive.log";
+
+/// The system log's local socket.
+#[cfg(unix)]
+pub const SYSLOG_SOCKET: &str = "/dev/log";
+
+/// Targets that can print secrets at their most verbose levels, and the most they may log.
+/// `reqwest::connect` dumps raw request bytes (the `Authorization` header) at trace when a
+/// client is built verbose; `gcloud_storage` prints what it signs for signed URLs at trace.
+/// Applied on top of `RUST_LOG`, so no environment setting lifts them (they only cap: they
+/// never enable anything the level does not).
+pub const SECRET_CEILINGS: &[(&str, tracing::Level)] = &[
+    ("reqwest::connect", tracing::Level::DEBUG),
+    ("gcloud_storage::sign", tracing::Level::DEBUG),
+    ("gcloud_storage::client", tracing::Level::DEBUG),
+];
+
+/// `--log-format` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One line of text per event.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, fields, spans).
+    Json,
+}
+
+/// How the process runs, which decides the default destination.
+#[derive(Debug, Clone)]
+pub enum Destination {
+    /// In the foreground: `--log-file`, else standard error.
+    Attached,
+    /// Detached from its terminal: `--log-file`, else the system log, else
+    /// `<cache_dir>/bucketdrive.log`.
+    Detached { cache_dir: PathBuf },
+}
+
+/// Sets up the process's logging from `--log-level`, `--log-file` and `--log-format`
+/// (`RUST_LOG` overrides the level). `quiet_targets` are crates whose logs are kept to errors
+/// unless `RUST_LOG` says otherwise. Returns a one-line message on failure.
+pub fn init(
+    common: &CommonArgs,
+    quiet_targets: &[&str],
+    destination: Destination,
+) -> Result<(), String> {
+    #[cfg(unix)]
+    let syslog = Path::new(SYSLOG_SOCKET);
+    #[cfg(not(unix))]
+    let syslog = Path::new("");
+    let (layer, _) = build(common, quiet_targets, &destination, syslog)?;
+    tracing_subscriber::registry()
+        .with(layer)
+        .try_init()
+        .map_err(|e| format!("cannot set up logging: {e}"))
+}
+
+/// Where a subscriber built by [`build`] writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Sink {
+    Stderr { ansi: bool },
+    File(PathBuf),
+    Syslog(PathBuf),
+}
+
+type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// The filter and formatting layer for `common`, writing to the destination chosen from
+/// `destination` (with `syslog` as the system log's socket path).
+fn build(
+    common: &CommonArgs,
+    quiet_targets: &[&str],
+    destination: &Destination,
+    syslog: &Path,
+) -> Result<(BoxedLayer, Sink), String> {
+    let filter = filter(&common.log_level, quiet_targets)?;
+    let sink = choose(common.log_file.as_deref(), destination, syslog);
+    let (writer, ansi, with_time) = match &sink {
+        Sink::Stderr { ansi } => (BoxMakeWriter::new(std::io::stderr), *ansi, true),
+        Sink::File(path) => {
+            if let Destination::Detached { cache_dir } = destination {
+                if common.log_file.is_none() {
+                    crate::write::cache_dir::ensure_root(cache_dir)?;
+                }
+            }
+            (BoxMakeWriter::new(open_log_file(path)?), false, true)
+        }
+        Sink::Syslog(path) => {
+            // Syslog stamps every message itself.
+            (BoxMakeWriter::new(SyslogSink::connect(path)?), false, false)
+        }
+    };
+    let layer: BoxedLayer = match (common.log_format, with_time) {
+        (LogFormat::Text, true) => tracing_subscriber::fmt::layer()
+            .with_target(false)
+            .with_ansi(ansi)
+            .with_writer(writer)
+            .with_filter(filter)
+            .boxed(),
+        (LogFormat::Text, false) => tracing_subscriber::fmt::layer()
+            .with_target(false)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(writer)
+            .with_filter(filter)
+            .boxed(),
+        (LogFormat::Json, _) => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(writer)
+            .with_filter(filter)
+            .boxed(),
+    };
+    Ok((layer, sink))
+}
+
+/// `RUST_LOG` if set, else `level` with `quiet_targets` kept to errors; and, whichever it is,
+/// the secret ceilings.
+fn filter(
+    level: &str,
+    quiet_targets: &[&str],
+) -> Result<impl tracing_subscriber::layer::Filter<Registry>, String> {
+    use tracing_subscriber::filter::{FilterExt, LevelFilter, Targets};
+    let mut directives = level.to_string();
+    for t in quiet_targets {
+        directives.push_str(&format!(",{t}=error"));
+    }
+    let wanted = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&directives))
+        .map_err(|e| format!("invalid --log-level {level:?}: {e}"))?;
+    let ceilings = SECRET_CEILINGS.iter().fold(
+        Targets::new().with_default(LevelFilter::TRACE),
+        |t, (target, max)| t.with_target(*target, *max),
+    );
+    Ok(wanted.and(ceilings))
+}
+
+/// The destination rule of the module documentation.
+fn choose(log_file: Option<&Path>, destination: &Destination, syslog: &Path) -> Sink {
+    if let Some(path) = log_file {
+        return Sink::File(path.to_path_buf());
+    }
+    match destination {
+        Destination::Attached => {
+            use std::io::IsTerminal;
+            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            Sink::Stderr { ansi }
+        }
+        Destination::Detached { cache_dir } => {
+            if cfg!(unix) && is_socket(syslog) {
+                Sink::Syslog(syslog.to_path_buf())
+            } else {
+                Sink::File(cache_dir.join(DEFAULT_LOG_FILE))
+            }
+        }
+    }
+}
+
+fn is_socket(path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        false
+    }
+}
+
+/// Opens `path` for appending, readable only by its owner. A file an earlier version created
+/// 0644 is narrowed to 0600 when it is ours (through the descriptor, so a symlink swapped in
+/// meanwhile cannot redirect the change).
+fn open_log_file(path: &Path) -> Result<std::sync::Mutex<std::fs::File>, String> {
+    let fail = |e: std::io::Error| format!("cannot open log file {}: {e}", path.display());
+    let file = crate::platform::private_file(std::fs::OpenOptions::new().create(true).append(true))
+        .open(path)
+        .map_err(fail)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = file.metadata().map_err(fail)?;
+        // SAFETY: geteuid cannot fail.
+        let ours = meta.uid() == unsafe { libc::geteuid() };
+        if ours && meta.mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(fail)?;
+        }
+    }
+    Ok(std::sync::Mutex::new(file))
+}
+
+/// The system log as a `MakeWriter`: each event becomes one datagram, with the syslog
+/// severity of its level (facility daemon). If the syslog daemon restarts, the socket is
+/// reconnected once per failed message; a message that still cannot be sent is dropped, as
+/// logging must never stop the mount.
+#[cfg(unix)]
+struct SyslogSink {
+    path: PathBuf,
+    logger: std::sync::Mutex<Option<SyslogLogger>>,
+}
+
+#[cfg(unix)]
+type SyslogLogger = syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>;
+
+/// Longest message sent: syslog daemons cut or drop longer datagrams.
+#[cfg(unix)]
+const SYSLOG_MAX_MESSAGE: usize = 8 * 1024;
+
+#[cfg(unix)]
+impl SyslogSink {
+    fn connect(path: &Path) -> Result<Self, String> {
+        let logger = Self::open(path)
+            .map_err(|e| format!("cannot connect to syslog at {}: {e}", path.display()))?;
+        Ok(SyslogSink {
+            path: path.to_path_buf(),
+            logger: std::sync::Mutex::new(Some(logger)),
+        })
+    }
+
+    fn open(path: &Path) -> Result<SyslogLogger, syslog::Error> {
+        let formatter = syslog::Formatter3164 {
+            facility: syslog::Facility::LOG_DAEMON,
+            hostname: None,
+            process: "bucketdrive".into(),
+            pid: std::process::id(),
+        };
+        syslog::unix_custom(formatter, path)
+    }
+
+    fn send(&self, level: tracing::Level, message: &str) {
+        let mut guard = match self.logger.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for _ in 0..2 {
+            if guard.is_none() {
+                *guard = Self::open(&self.path).ok();
+            }
+            let Some(logger) = guard.as_mut() else {
+                return;
+            };
+            let sent = match level {
+                tracing::Level::ERROR => logger.err(message),
+                tracing::Level::WARN => logger.warning(message),
+                tracing::Level::INFO => logger.info(message),
+                _ => logger.debug(message),
+            };
+            if sent.is_ok() {
+                return;
+            }
+            *guard = None;
+        }
+    }
+}
+
+/// One event's bytes, sent to syslog when the formatter is done with it.
+#[cfg(unix)]
+struct SyslogEvent<'a> {
+    sink: &'a SyslogSink,
+    level: tracing::Level,
+    buf: Vec<u8>,
+}
+
+#[cfg(unix)]
+impl std::io::Write for SyslogEvent<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+impl Drop for SyslogEvent<'_> {
+    fn drop(&mut self) {
+        let text = String::from_utf8_lossy(&self.buf);
+        let mut text = text.trim_end();
+        if text.is_empty() {
+            return;
+        }
+        if text.len() > SYSLOG_MAX_MESSAGE {
+            let mut end = SYSLOG_MAX_MESSAGE;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text = &text[..end];
+        }
+        self.sink.send(self.level, text);
+    }
+}
+
+#[cfg(unix)]
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SyslogSink {
+    type Writer = SyslogEvent<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        SyslogEvent {
+            sink: self,
+            level: tracing::Level::INFO,
+            buf: Vec::new(),
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        SyslogEvent {
+            sink: self,
+            level: *meta.level(),
+            buf: Vec::new(),
+        }
+    }
+}
+
+/// Windows has no `/dev/log`; [`choose`] never picks syslog there.
+#[cfg(not(unix))]
+struct SyslogSink;
+
+#[cfg(not(unix))]
+impl SyslogSink {
+    fn connect(path: &Path) -> Result<fn() -> std::io::Sink, String> {
+        Err(format!("no syslog at {} on this platform", path.display()))
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixDatagram;
+    use std::time::Duration;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn common(args: &[&str]) -> CommonArgs {
+        let mut all = vec!["test"];
+        all.extend_from_slice(args);
+        Cli::parse_from(all).common
+    }
+
+    fn detached(dir: &Path) -> Destination {
+        Destination::Detached {
+            cache_dir: dir.to_path_buf(),
+        }
+    }
+
+    #[test]
+    fn destinations() {
+        let dir = tempfile::tempdir().unwrap();
+        let no_syslog = dir.path().join("no-such-socket");
+        let file = dir.path().join("x.log");
+        assert_eq!(
+            choose(Some(&file), &Destination::Attached, &no_syslog),
+            Sink::File(file.clone())
+        );
+        assert_eq!(
+            choose(Some(&file), &detached(dir.path()), &no_syslog),
+            Sink::File(file.clone())
+        );
+        assert_eq!(
+            choose(None, &detached(dir.path()), &no_syslog),
+            Sink::File(dir.path().join(DEFAULT_LOG_FILE))
+        );
+        // A plain file where the socket should be is not a syslog.
+        std::fs::write(&no_syslog, b"").unwrap();
+        assert_eq!(
+            choose(None, &detached(dir.path()), &no_syslog),
+            Sink::File(dir.path().join(DEFAULT_LOG_FILE))
+        );
+        let socket = dir.path().join("log.sock");
+        let _server = UnixDatagram::bind(&socket).unwrap();
+        assert_eq!(
+            choose(None, &detached(dir.path()), &socket),
+            Sink::Syslog(socket.clone())
+        );
+        assert!(matches!(
+            choose(None, &Destination::Attached, &socket),
+            Sink::Stderr { .. }
+        ));
+    }
+
+    #[test]
+    fn log_files_are_private_plain_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.log");
+        std::fs::write(&path, b"from an earlier version\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let c = common(&["--log-file", path.to_str().unwrap(), "--log-level", "debug"]);
+        let (layer, sink) =
+            build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+        assert_eq!(sink, Sink::File(path.clone()));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::debug_span!("gcs", op = "list", key = "a/b");
+            let _e = span.enter();
+            tracing::info!(bucket = "bkt", "mounted \x1b[31mred");
+        });
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("from an earlier version\n"), "{text}");
+        assert!(text.contains("mounted"), "{text}");
+        assert!(text.contains("op=\"list\""), "{text}");
+        assert!(!text.contains('\x1b'), "escape codes in {text:?}");
+    }
+
+    #[test]
+    fn json_lines_parse() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.log");
+        let c = common(&["--log-file", path.to_str().unwrap(), "--log-format", "json"]);
+        let (layer, _) = build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            let span = tracing::info_span!("gcs", op = "put");
+            let _e = span.enter();
+            tracing::warn!(key = "k", "upload failed");
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        let line = text.lines().next().unwrap();
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["fields"]["message"], "upload failed");
+        assert_eq!(v["span"]["op"], "put");
+    }
+
+    #[test]
+    fn syslog_writer_maps_levels_to_severities() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("log.sock");
+        let server = UnixDatagram::bind(&socket).unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let c = common(&["--log-level", "debug"]);
+        let (layer, sink) = build(&c, &[], &detached(dir.path()), &socket).unwrap();
+        assert_eq!(sink, Sink::Syslog(socket.clone()));
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            tracing::error!("e-line");
+            tracing::warn!("w-line");
+            tracing::info!(n = 3, "i-line");
+            tracing::debug!("d-line");
+            tracing::trace!("not sent");
+        });
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        for _ in 0..4 {
+            let n = server.recv(&mut buf).unwrap();
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        // Facility daemon (3) * 8 + severity: err 3, warning 4, info 6, debug 7.
+        for (msg, (pri, word)) in got.iter().zip([
+            ("<27>", "e-line"),
+            ("<28>", "w-line"),
+            ("<30>", "i-line"),
+            ("<31>", "d-line"),
+        ]) {
+            assert!(msg.starts_with(pri), "{msg:?} should start with {pri}");
+            assert!(msg.contains(word), "{msg:?}");
+            assert!(msg.contains("bucketdrive["), "{msg:?}");
+            assert!(!msg.ends_with('\n'), "{msg:?}");
+            assert!(!msg.contains('\x1b'), "{msg:?}");
+        }
+        assert!(got[2].contains("n=3"), "{}", got[2]);
+        server.set_nonblocking(true).unwrap();
+        assert!(server.recv(&mut buf).is_err(), "trace was filtered out");
+    }
+
+    #[test]
+    fn ceilings_cap_without_enabling() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |level: &str| -> String {
+            let path = dir.path().join(format!("{level}.log"));
+            let c = common(&["--log-file", path.to_str().unwrap(), "--log-level", level]);
+            let (layer, _) =
+                build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+                tracing::trace!(target: "reqwest::connect", "raw-bytes");
+                tracing::debug!(target: "reqwest::connect", "new-connection");
+                tracing::trace!(target: "fs_core::x", "core-trace");
+            });
+            std::fs::read_to_string(&path).unwrap_or_default()
+        };
+        let trace = run("trace");
+        assert!(!trace.contains("raw-bytes"), "{trace}");
+        assert!(trace.contains("new-connection"), "{trace}");
+        assert!(trace.contains("core-trace"), "{trace}");
+        let info = run("info");
+        assert!(
+            !info.contains("new-connection"),
+            "a ceiling enables nothing: {info}"
+        );
+    }
+}
