@@ -39,6 +39,8 @@ for path in \
   ./usr/share/fish/vendor_completions.d/bucketdrive.fish \
   './lib/systemd/system/bucketdrive@.service' \
   ./usr/share/doc/bucketdrive/mounting.md \
+  ./usr/share/doc/bucketdrive/logging.md \
+  ./usr/share/doc/bucketdrive/metrics.md \
   ./usr/share/doc/bucketdrive/copyright; do
   grep -qxF -- "$path" <<<"$contents" || miss "$path"
 done

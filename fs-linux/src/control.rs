@@ -1,11 +1,21 @@
-//! The control socket: how `bucketdrive status` talks to a running mount.
+//! The control socket: how `bucketdrive status` and `unmount` talk to a running mount.
 //!
-//! The daemon listens on `<cache-dir>/control.sock` (mode 0600, in a 0700 directory, so only
-//! the mount's owner can ask), and links it from a per-user registry named after the
-//! mountpoint, so the CLI finds it from the mountpoint alone. One request, one JSON line back:
-//! `status` answers with the upload status; `drain` also starts every pending upload now,
-//! whatever its write-back delay (`unmount` waits on it before unmounting); `skip-drain` tells
-//! the daemon to leave pending uploads journaled when it is unmounted (`unmount --no-wait`).
+//! The daemon listens on `<registry>/<tag>.sock`, where the tag is a checksum of the
+//! mountpoint, so the CLI finds it from the mountpoint alone. The registry is a per-user
+//! directory of ours (0700, so only the mount's owner can ask; the socket is 0600 too):
+//! `/run/bucketdrive` for root; for anyone else the first usable of
+//! `$XDG_RUNTIME_DIR/bucketdrive`, `/run/user/UID/bucketdrive` and
+//! `<user cache directory>/bucketdrive/run`. The daemon
+//! listens in the first it can make its own; the CLI looks in all of them, so a mount started
+//! without a login session (cron, `su`, fstab) is still found from a login shell. Never a fixed
+//! path in a shared directory such as /tmp, where another user could create it first. Socket
+//! paths are short this way (a Unix socket path has at most 107 bytes), whatever the cache
+//! directory.
+//!
+//! One request, one JSON line back: `status` answers with the upload status; `drain` also
+//! starts every pending upload now, whatever its write-back delay (`unmount` waits on it before
+//! unmounting); `skip-drain` tells the daemon to leave pending uploads journaled when it is
+//! unmounted (`unmount --no-wait`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -18,76 +28,92 @@ use fs_core::store::ObjectStore;
 use fs_core::write::writeback::Status;
 use fs_core::Filesystem;
 
-/// Where links to the control sockets of this user's mounts live: `/run/bucketdrive` for
-/// root; `$XDG_RUNTIME_DIR/bucketdrive` for other users; without a runtime directory,
-/// `bucketdrive/run` under the user's cache directory. Never a fixed path in a shared directory
-/// such as /tmp, where another user could create it first and read or redirect the links.
-fn registry_dir() -> Result<PathBuf, String> {
+/// The registry directories for this user, in order of preference (see the module doc).
+fn registry_dirs() -> Vec<PathBuf> {
     // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return Ok(PathBuf::from("/run/bucketdrive"));
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return vec![PathBuf::from("/run/bucketdrive")];
     }
+    let mut dirs = Vec::new();
     if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(run).join("bucketdrive"));
+        dirs.push(PathBuf::from(run));
     }
-    let base = fs_core::platform::user_cache_base();
-    if base.is_relative() {
-        return Err("neither XDG_RUNTIME_DIR nor a home directory is set".into());
+    let run_user = PathBuf::from(format!("/run/user/{uid}"));
+    if run_user.is_dir() {
+        dirs.push(run_user);
     }
-    Ok(base.join("bucketdrive").join("run"))
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        let d = d.join("bucketdrive");
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    // Beside the default cache directories, in a directory of its own.
+    let cache = fs_core::platform::user_cache_base();
+    if cache.is_absolute() {
+        out.push(cache.join("bucketdrive").join("run"));
+    }
+    out
 }
 
 /// Creates the registry directory `dir` if needed and makes sure it is ours: a real directory
 /// (a symbolic link is refused, not followed), owned by us, mode 0700 (fixed through a
 /// descriptor opened without following links).
 fn prepare_registry(dir: &Path) -> std::io::Result<()> {
-    fs_core::platform::create_dirs(dir)?;
-    fs_core::platform::secure_own_dir(dir)
+    fs_core::platform::create_dirs(dir)
+        .and_then(|()| fs_core::platform::secure_own_dir(dir))
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 
-fn registry_link(mountpoint: &Path) -> Result<PathBuf, String> {
+/// The socket's name in a registry directory.
+fn socket_name(mountpoint: &Path) -> String {
     let tag = crc32c::crc32c(mountpoint.as_os_str().as_encoded_bytes());
-    Ok(registry_dir()?.join(format!("{tag:08x}.sock")))
+    format!("{tag:08x}.sock")
 }
 
-/// A listening control socket; removed with its registry link on drop.
+/// A listening control socket; removed on drop.
 pub struct ControlSocket {
     socket: PathBuf,
-    link: PathBuf,
 }
 
 impl Drop for ControlSocket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.link);
         let _ = std::fs::remove_file(&self.socket);
     }
 }
 
-/// Starts answering status requests for `fs` on `<cache_dir>/control.sock`.
+/// Starts answering control requests for `fs` in the first registry directory we can use.
 pub fn serve<S: ObjectStore>(
     rt: &tokio::runtime::Runtime,
     fs: Arc<Filesystem<S>>,
-    cache_dir: &Path,
     mountpoint: &Path,
     control: Arc<lifecycle::Control>,
 ) -> std::io::Result<ControlSocket> {
-    let socket = cache_dir.join("control.sock");
+    let mut refused = Vec::new();
+    let dir = registry_dirs()
+        .into_iter()
+        .find(|d| match prepare_registry(d) {
+            Ok(()) => true,
+            Err(e) => {
+                refused.push(e.to_string());
+                false
+            }
+        })
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "no usable registry directory ({})",
+                refused.join("; ")
+            ))
+        })?;
+    let socket = dir.join(socket_name(mountpoint));
     let _ = std::fs::remove_file(&socket);
     let listener = {
         let _guard = rt.enter();
         tokio::net::UnixListener::bind(&socket)?
     };
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
-    let no_registry = |e: String| {
-        let _ = std::fs::remove_file(&socket);
-        std::io::Error::other(format!("no registry for the control socket: {e}"))
-    };
-    let dir = registry_dir().map_err(no_registry)?;
-    prepare_registry(&dir).map_err(|e| no_registry(e.to_string()))?;
-    let link = registry_link(mountpoint).map_err(no_registry)?;
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&socket, &link)?;
     rt.spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let (fs, control) = (fs.clone(), control.clone());
@@ -96,7 +122,7 @@ pub fn serve<S: ObjectStore>(
             });
         }
     });
-    Ok(ControlSocket { socket, link })
+    Ok(ControlSocket { socket })
 }
 
 /// Asks the mount at `mountpoint` for its status.
@@ -108,13 +134,25 @@ fn request(mountpoint: &Path, what: &str) -> Result<Status, String> {
     let abs = mountpoint
         .canonicalize()
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let link = registry_link(&abs)?;
-    let stream = UnixStream::connect(&link).map_err(|e| {
-        format!(
-            "no bucketdrive mount with a status socket at {} ({e}); is it mounted writable?",
-            abs.display()
-        )
-    })?;
+    let name = socket_name(&abs);
+    let mut last = None;
+    let stream = registry_dirs()
+        .iter()
+        .find_map(|d| match UnixStream::connect(d.join(&name)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                last = Some(e);
+                None
+            }
+        })
+        .ok_or_else(|| {
+            let why = last.map(|e| e.to_string()).unwrap_or_default();
+            format!(
+                "no bucketdrive mount with a status socket at {} ({why}); is it mounted writable, \
+                 and by you?",
+                abs.display()
+            )
+        })?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
@@ -181,12 +219,28 @@ mod tests {
 
     #[test]
     fn the_registry_is_never_a_fixed_name_in_tmp() {
-        let dir = registry_dir().unwrap();
+        let dirs = registry_dirs();
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
-        assert!(!dir.starts_with(std::env::temp_dir().join(format!("bucketdrive-{uid}"))));
+        assert!(!dirs.is_empty());
+        for dir in &dirs {
+            assert!(!dir.starts_with(std::env::temp_dir()), "{}", dir.display());
+        }
         if uid == 0 {
-            assert_eq!(dir, Path::new("/run/bucketdrive"));
+            assert_eq!(dirs, [PathBuf::from("/run/bucketdrive")]);
+        }
+    }
+
+    #[test]
+    fn socket_paths_fit_a_unix_socket_address() {
+        // The longest name the daemon can bind: sun_path holds 107 bytes and a NUL.
+        for dir in registry_dirs() {
+            let p = dir.join(socket_name(Path::new("/some/mount")));
+            assert!(
+                p.as_os_str().len() < 108 || !dir.starts_with("/run"),
+                "{}",
+                p.display()
+            );
         }
     }
 }

@@ -14,12 +14,14 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// the thread that probes the new mount and the one that runs it; the first report wins.
 pub struct Readiness {
     pipe: parking_lot::Mutex<Option<File>>,
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl Readiness {
     pub fn foreground() -> Self {
         Readiness {
             pipe: parking_lot::Mutex::new(None),
+            failed: Default::default(),
         }
     }
 
@@ -31,14 +33,25 @@ impl Readiness {
         crate::notify::ready();
     }
 
-    /// Reports a start-up failure; the parent prints it and exits non-zero.
+    /// Reports a start-up failure; the parent prints it and exits non-zero. Only the first
+    /// failure is reported.
     pub fn failed(&self, message: &str) {
+        if self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         match self.pipe.lock().take() {
             Some(mut p) => {
                 let _ = p.write_all(format!("error: {message}\n").as_bytes());
             }
             None => eprintln!("bucketdrive: {message}"),
         }
+    }
+}
+
+impl Readiness {
+    /// Whether a failure was reported (the process must then exit non-zero).
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -77,6 +90,7 @@ pub fn detach() -> std::io::Result<Forked> {
             }
             Ok(Forked::Child(Readiness {
                 pipe: parking_lot::Mutex::new(Some(File::from(write_end))),
+                failed: Default::default(),
             }))
         }
         _child => {

@@ -159,12 +159,20 @@ fn mount_with_helper(mountpoint: &Path, opts: &KernelOptions) -> io::Result<Owne
             Ok(())
         });
     }
-    let child = run_helper(&mut cmd)?;
+    let mut child = run_helper(&mut cmd)?;
     drop(theirs);
-    // The helper closes its end when it exits, so this returns either way.
+    // The helper closes its end when it exits, so this returns either way (or times out).
     let received = receive_fd(&ours);
     drop(ours);
+    if matches!(&received, Err(e) if e.kind() == io::ErrorKind::TimedOut) {
+        let _ = child.kill();
+    }
     let out = child.wait_with_output()?;
+    if let Err(e) = &received {
+        if e.kind() == io::ErrorKind::TimedOut {
+            return Err(io::Error::new(e.kind(), e.to_string()));
+        }
+    }
     match received {
         Ok(Some(fd)) => Ok(fd),
         Ok(None) | Err(_) => {
@@ -192,35 +200,51 @@ fn mount_with_helper(mountpoint: &Path, opts: &KernelOptions) -> io::Result<Owne
     }
 }
 
-/// Reads one message from the helper and takes the descriptor it carries, if any.
+/// How long fusermount3 may take to mount and answer. It only checks and mounts; a helper
+/// that takes longer is stuck, and `mount -a` or boot must not hang with it.
+const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Reads one message from the helper and takes the descriptor it carries, if any. The
+/// descriptor is close-on-exec from the start (later children, such as `fusermount3 -u`, must
+/// not inherit the device); any extra ones are closed.
 fn receive_fd(sock: &UnixStream) -> io::Result<Option<OwnedFd>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::FromRawFd;
+    sock.set_read_timeout(Some(HELPER_TIMEOUT))?;
     let mut byte = [0u8; 1];
     let mut iov = [io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!(std::os::fd::RawFd);
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
     let msg = loop {
         match recvmsg::<()>(
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::empty(),
+            MsgFlags::MSG_CMSG_CLOEXEC,
         ) {
             Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("fusermount3 did not answer within {HELPER_TIMEOUT:?}"),
+                ))
+            }
             other => break other.map_err(io::Error::from)?,
         }
     };
+    let mut received = None;
     for cmsg in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            let mut owned = fds.into_iter().filter(|&fd| fd >= 0).map(|fd| {
+            for fd in fds.into_iter().filter(|&fd| fd >= 0) {
                 // SAFETY: SCM_RIGHTS installed these descriptors in our table just now, and
-                // nothing else refers to them.
-                unsafe { OwnedFd::from_raw_fd(fd) }
-            });
-            return Ok(owned.next());
+                // nothing else refers to them; the first is kept, any other is closed.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if received.is_none() {
+                    received = Some(owned);
+                }
+            }
         }
     }
-    Ok(None)
+    Ok(received)
 }
 
 /// Whether `/etc/fuse.conf` lets ordinary users pass `allow_other`.

@@ -143,7 +143,6 @@ fn serve(
         cfg.dir_mode = args.dir_mode;
         cfg.posix_metadata = args.posix_metadata;
     })?;
-    let cache_dir = args.common.cache_dir(&bucket, &prefix, mountpoint);
     let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
     let kernel = KernelOptions {
         source: &bucket,
@@ -196,7 +195,7 @@ fn serve(
     let _control = if fs.is_read_only() {
         None
     } else {
-        match crate::control::serve(&rt, fs.clone(), &cache_dir, mountpoint, control.clone()) {
+        match crate::control::serve(&rt, fs.clone(), mountpoint, control.clone()) {
             Ok(c) => Some(c),
             Err(e) => {
                 tracing::warn!("no status socket: {e}");
@@ -209,7 +208,11 @@ fn serve(
     tracing::info!("session ended");
     notify::stopping();
     lifecycle::finish(rt, &fs, control.skip_drain());
-    result.map_err(|e| format!("FUSE session failed: {e}"))
+    result.map_err(|e| format!("FUSE session failed: {e}"))?;
+    if readiness.has_failed() {
+        return Err("the mount never answered".into());
+    }
+    Ok(())
 }
 
 /// Reports readiness once the mount answers: a thread asks for the attributes of the mount's

@@ -37,13 +37,24 @@ const IGNORED: &[&str] = &[
     "noatime",
     "relatime",
     "async",
+    "nodiratime",
+    "diratime",
+    "lazytime",
+    "strictatime",
+    "symfollow",
+    "nosymfollow",
+    "nousers",
+    "noowner",
+    "nogroup",
     // Classic FUSE options we always apply ourselves.
     "default_permissions",
 ];
 
 /// Ignored option prefixes: systemd's and other userspace tools' `x-…` options, and the
 /// names `mount.fuse3` may add.
-const IGNORED_PREFIXES: &[&str] = &["x-", "comment=", "fsname=", "subtype="];
+const IGNORED_PREFIXES: &[&str] = &[
+    "x-", "comment=", "fsname=", "subtype=", "uhelper=", "helper=", "user=",
+];
 
 /// Rewrites `args` (including the program name) into the subcommand form. `subcommands` are
 /// the names that start a subcommand; `mount_flags` are the long flags of `mount`.
@@ -95,6 +106,14 @@ fn translate(opt: &str, mount_flags: &[String]) -> Result<Option<OsString>, Stri
     }
     if opt == "ro" {
         return Ok(Some("--read-only".into()));
+    }
+    if opt == "drop_privileges" {
+        // mount.fuse3 would hand us an already-open /dev/fuse instead of a mountpoint.
+        return Err(
+            "mount option \"drop_privileges\" is not supported: mount as the user \
+                    instead (fusermount3 makes that safe)"
+                .into(),
+        );
     }
     let (key, value) = match opt.split_once('=') {
         Some((k, v)) => (k, Some(v)),

@@ -6,10 +6,20 @@
 //! and pending uploads are being finished, which can take a while. Without `NOTIFY_SOCKET`
 //! both are no-ops.
 
-/// Whether systemd (or another supervisor speaking its protocol) is waiting for readiness. Such
-/// a process must stay in the foreground: the supervisor tracks it, and logs its standard error.
+/// Whether systemd (or another supervisor speaking its protocol) is waiting for *this*
+/// process's readiness. Such a process must stay in the foreground: the supervisor tracks it,
+/// and logs its standard error. A `NOTIFY_SOCKET` merely inherited (a shell or a `mount` run
+/// from inside a notify service) is not ours: systemd 248 and later name the process it started
+/// in `SYSTEMD_EXEC_PID`, so the variable counts only when that is us (or is not set at all,
+/// as with older systemd and other supervisors).
 pub fn supervised() -> bool {
-    std::env::var_os("NOTIFY_SOCKET").is_some()
+    if std::env::var_os("NOTIFY_SOCKET").is_none_or(|v| v.is_empty()) {
+        return false;
+    }
+    match std::env::var("SYSTEMD_EXEC_PID") {
+        Ok(pid) => pid.trim() == std::process::id().to_string(),
+        Err(_) => true,
+    }
 }
 
 /// `READY=1`: the mount answers requests.

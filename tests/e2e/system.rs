@@ -70,7 +70,7 @@ impl Scratch {
         let dir = tempfile::Builder::new().prefix("bd-system").tempdir()?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         std::fs::copy(bucketdrive_bin(), dir.path().join("bucketdrive"))?;
-        for sub in ["mnt", "cache", "logs"] {
+        for sub in ["mnt", "cache", "logs", "home"] {
             let p = dir.path().join(sub);
             std::fs::create_dir(&p)?;
             if let Some((u, g)) = owner {
@@ -112,13 +112,24 @@ impl Drop for Unmounter {
 }
 
 /// Runs `program args…` as the test user, with `stdin` fed to it, and waits up to a minute.
-fn as_user(program: &Path, args: &[&str], stdin: &[u8]) -> Result<Output> {
+fn as_user(s: &Scratch, program: &Path, args: &[&str], stdin: &[u8]) -> Result<Output> {
+    // runuser sets HOME to the user's (here missing) home directory, so `env` sets it after.
+    // A root session's runtime directory is not the user's, and without one the control
+    // socket goes under the user's home, as for a mount started from cron or su.
     let mut child = Command::new("runuser")
-        .args(["-u", USER, "--"])
+        .args([
+            "-u",
+            USER,
+            "--",
+            "env",
+            "-u",
+            "XDG_RUNTIME_DIR",
+            "-u",
+            "XDG_CACHE_HOME",
+        ])
+        .arg(format!("HOME={}", s.dir.path().join("home").display()))
         .arg(program)
         .args(args)
-        // A root session's runtime directory is not the user's.
-        .env_remove("XDG_RUNTIME_DIR")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -219,7 +230,7 @@ fn an_ordinary_user_mounts_reads_writes_and_unmounts() -> Result<()> {
     // allow_other is refused with the reason, unless this machine's fuse.conf permits it.
     let fuse_conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
     if !fuse_conf.lines().any(|l| l.trim() == "user_allow_other") {
-        let out = as_user(&s.bin(), &[&base[..], &["--allow-other"]].concat(), b"")?;
+        let out = as_user(&s, &s.bin(), &[&base[..], &["--allow-other"]].concat(), b"")?;
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success(),
@@ -230,13 +241,14 @@ fn an_ordinary_user_mounts_reads_writes_and_unmounts() -> Result<()> {
     }
 
     // Detached by default: the command returns once the mount answers.
-    ok(as_user(&s.bin(), &base, b"")?, "mount as the user")?;
+    ok(as_user(&s, &s.bin(), &base, b"")?, "mount as the user")?;
     let info = mountinfo(&mnt);
     assert!(info.contains("fuse.bucketdrive usermount"), "{info}");
     assert!(info.contains(&format!("user_id={uid}")), "{info}");
 
     let got = ok(
         as_user(
+            &s,
             Path::new("/bin/cat"),
             &[&format!("{mnt_s}/dir/seed.bin")],
             b"",
@@ -247,6 +259,7 @@ fn an_ordinary_user_mounts_reads_writes_and_unmounts() -> Result<()> {
     let data = random_bytes(1024 * 1024 + 5, 8);
     ok(
         as_user(
+            &s,
             Path::new("/bin/sh"),
             &["-c", &format!("cat > {mnt_s}/dir/new.bin")],
             &data,
@@ -261,7 +274,12 @@ fn an_ordinary_user_mounts_reads_writes_and_unmounts() -> Result<()> {
         "root must be refused: {meta:?}"
     );
     let listing = ok(
-        as_user(Path::new("/bin/ls"), &["-ln", &format!("{mnt_s}/dir")], b"")?,
+        as_user(
+            &s,
+            Path::new("/bin/ls"),
+            &["-ln", &format!("{mnt_s}/dir")],
+            b"",
+        )?,
         "ls",
     )?;
     let listing = String::from_utf8_lossy(&listing);
@@ -274,12 +292,18 @@ fn an_ordinary_user_mounts_reads_writes_and_unmounts() -> Result<()> {
     );
 
     // The user's own unmount uploads what is pending first, then takes the mount down.
-    ok(
-        as_user(&s.bin(), &["unmount", &mnt_s], b"")?,
+    let out = ok(
+        as_user(&s, &s.bin(), &["unmount", &mnt_s], b"")?,
         "unmount as the user",
     )?;
     wait_unmounted(&mnt, 10)?;
-    assert_eq!(sha256(&emu.get("usermount", "dir/new.bin")?), sha256(&data));
+    let uploaded = emu.get_opt("usermount", "dir/new.bin")?;
+    assert!(
+        uploaded.as_deref().map(sha256) == Some(sha256(&data)),
+        "not uploaded when unmount returned ({}); log:\n{}",
+        String::from_utf8_lossy(&out),
+        s.log_text()
+    );
     assert!(s.log_text().contains("mounted"), "log: {}", s.log_text());
     Ok(())
 }
@@ -312,6 +336,7 @@ fn root_mounts_for_another_user_with_allow_other() -> Result<()> {
     assert_eq!((meta.uid(), meta.gid()), (uid, gid));
     let got = ok(
         as_user(
+            &s,
             Path::new("/bin/cat"),
             &[&format!("{mnt_s}/dir/seed.bin")],
             b"",
@@ -322,6 +347,7 @@ fn root_mounts_for_another_user_with_allow_other() -> Result<()> {
     let data = random_bytes(200_000, 9);
     ok(
         as_user(
+            &s,
             Path::new("/bin/sh"),
             &["-c", &format!("cat > {mnt_s}/dir/theirs.bin")],
             &data,
@@ -505,5 +531,40 @@ fn systemd_hears_ready_only_once_the_mount_answers() -> Result<()> {
     assert_eq!(sha256(&emu.get("notify", "written.bin")?), sha256(&data));
     // Its log went to standard error, where the journal collects it.
     assert!(err.contains("mounted"), "stderr: {err}");
+    Ok(())
+}
+
+#[test]
+fn an_inherited_notify_socket_does_not_keep_mount_attached() -> Result<()> {
+    use std::os::unix::net::UnixDatagram;
+    let (emu, _) = setup("inherited")?;
+    let s = Scratch::new(None)?;
+    let mnt = s.mnt();
+    let _guard = Unmounter(mnt.clone());
+    let sock_path = s.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path)?;
+    sock.set_nonblocking(true)?;
+    // A mount run from a shell inside some notify service: systemd names that service's own
+    // process in SYSTEMD_EXEC_PID, which is not us, so we detach as usual and say nothing.
+    let out = Command::new(s.bin())
+        .args(["mount", "inherited"])
+        .arg(&mnt)
+        .args(["--endpoint", &emu.url(), "--anonymous", "--cache-dir"])
+        .arg(s.cache())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("SYSTEMD_EXEC_PID", "1")
+        .output()?;
+    ok(out, "mount")?;
+    assert!(is_mounted(&mnt), "detached and mounted");
+    let mut buf = [0u8; 64];
+    assert!(
+        sock.recv(&mut buf).is_err(),
+        "told a supervisor that is not ours"
+    );
+    ok(
+        Command::new(s.bin()).arg("unmount").arg(&mnt).output()?,
+        "unmount",
+    )?;
+    wait_unmounted(&mnt, 10)?;
     Ok(())
 }
