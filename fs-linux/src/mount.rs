@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use fs_core::cli::{lifecycle, logging};
+use fs_core::write::cache_dir::CacheRoot;
 
 use fuser::{Config, Session, SessionACL};
 
@@ -38,8 +39,26 @@ pub fn run(args: MountArgs) -> ExitCode {
         Ok(acl) => acl,
         Err(e) => return fail(e),
     };
+    // Decided once, before the log or anything else creates a directory in it; an earlier
+    // version's layout that cannot be used is refused here, on the caller's terminal.
+    let cache = match args.common.cache_root(&bucket, &prefix, &mountpoint) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
     // Under systemd the process is the service: it stays attached and logs to standard error.
+    // Detached, standard error is /dev/null: the log goes to syslog or the cache directory,
+    // chosen (and its file opened) while a default log that cannot be opened can still be
+    // reported here.
     let foreground = args.foreground || notify::supervised();
+    let destination = if foreground {
+        logging::Destination::Attached
+    } else {
+        let (destination, warning) = logging::detached(&args.common, &cache);
+        if let Some(warning) = warning {
+            eprintln!("bucketdrive: warning: {warning}");
+        }
+        destination
+    };
     let readiness = if foreground {
         Readiness::foreground()
     } else {
@@ -51,7 +70,13 @@ pub fn run(args: MountArgs) -> ExitCode {
         }
     };
     let readiness = Arc::new(readiness);
-    match serve(&args, bucket, prefix, &mountpoint, acl, &readiness) {
+    let site = Site {
+        bucket,
+        prefix,
+        mountpoint,
+        cache,
+    };
+    match serve(&args, &site, acl, destination, &readiness) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             tracing::error!("{msg}");
@@ -113,30 +138,30 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
     Ok(abs)
 }
 
-fn serve(
-    args: &MountArgs,
+/// What is mounted where, checked before the process detaches.
+struct Site {
     bucket: String,
     prefix: String,
-    mountpoint: &Path,
+    mountpoint: PathBuf,
+    cache: CacheRoot,
+}
+
+fn serve(
+    args: &MountArgs,
+    site: &Site,
     acl: SessionACL,
+    destination: logging::Destination,
     readiness: &Arc<Readiness>,
 ) -> Result<(), String> {
+    let (bucket, prefix, mountpoint) = (&site.bucket, &site.prefix, site.mountpoint.as_path());
     // fuser logs every unimplemented request (xattrs, say) as a warning: keep it to errors.
-    // Detached, standard error is /dev/null: the log goes to syslog or the cache directory.
-    let destination = if args.foreground || notify::supervised() {
-        logging::Destination::Attached
-    } else {
-        logging::Destination::Detached {
-            cache_dir: args.common.cache_dir(&bucket, &prefix, mountpoint),
-        }
-    };
     logging::init(&args.common, &["fuser"], destination)?;
     let rt = lifecycle::runtime()?;
     fs_core::cli::metrics::serve(&rt, args.common.metrics_addr.as_deref())?;
     // SAFETY: geteuid and getegid cannot fail.
     let uid = args.uid.unwrap_or_else(|| unsafe { libc::geteuid() });
     let gid = args.gid.unwrap_or_else(|| unsafe { libc::getegid() });
-    let fs = lifecycle::open_filesystem(&rt, &args.common, &bucket, &prefix, mountpoint, |cfg| {
+    let fs = lifecycle::open_filesystem(&rt, &args.common, &site.cache, bucket, prefix, |cfg| {
         cfg.uid = uid;
         cfg.gid = gid;
         cfg.file_mode = args.file_mode;
@@ -145,7 +170,7 @@ fn serve(
     })?;
     let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
     let kernel = KernelOptions {
-        source: &bucket,
+        source: bucket,
         acl,
         read_only: args.common.read_only,
     };
@@ -203,7 +228,7 @@ fn serve(
             }
         }
     };
-    announce_when_answering(mountpoint, &bucket, readiness);
+    announce_when_answering(mountpoint, bucket, readiness);
     let result = session.run();
     tracing::info!("session ended");
     notify::stopping();

@@ -93,19 +93,14 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     let (bucket, prefix) = fs_core::config::parse_bucket_spec(launcher_bucket_spec(&args.bucket))?;
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let security = Descriptor::from_sddl(&args.security)?;
+    // Decided once, before anything uses the cache directory.
+    let cache = common.cache_root(&bucket, &prefix, Path::new(&mountpoint))?;
     // Always attached: the WinFsp launcher runs the mount as a foreground process.
     fs_core::cli::logging::init(common, &[], fs_core::cli::logging::Destination::Attached)?;
     let _winfsp = crate::dll::init()?;
     let rt = lifecycle::runtime()?;
     fs_core::cli::metrics::serve(&rt, common.metrics_addr.as_deref())?;
-    let fs = lifecycle::open_filesystem(
-        &rt,
-        common,
-        &bucket,
-        &prefix,
-        Path::new(&mountpoint),
-        |_| {},
-    )?;
+    let fs = lifecycle::open_filesystem(&rt, common, &cache, &bucket, &prefix, |_| {})?;
     let volume = Arc::new(Volume::new(fs.clone(), &bucket));
     let context = BucketFs::new(volume, rt.handle().clone(), security);
     // WinFsp's fine guard: most callbacks run concurrently (the core locks per handle); only

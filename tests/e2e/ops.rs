@@ -1,7 +1,8 @@
 //! End-to-end operation of a mount as a system service would run it: where its log goes and
 //! in what form, what the log must never hold (credentials, resumable session URLs), and the
 //! cache directory's rules (our own private sub-directory in a named directory, an earlier
-//! version's layout used in place).
+//! version's layout used in place at every start or refused when unsafe, a user's directory
+//! not taken for one), and a detached mount that cannot make its default log running without.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -88,6 +89,27 @@ struct Detached {
 
 impl Detached {
     fn start(emu: &Emulator, spec: &str, cache_dir: &Path, args: &[&str]) -> Result<Self> {
+        let (d, out) = Self::try_start(emu, spec, cache_dir, args)?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bucketdrive mount failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        anyhow::ensure!(
+            is_mounted(d.path()),
+            "not mounted after the parent returned"
+        );
+        Ok(d)
+    }
+
+    /// Runs `bucketdrive mount` detached and returns what the parent printed and how it
+    /// exited, whether or not it mounted (the guard takes down whatever did).
+    fn try_start(
+        emu: &Emulator,
+        spec: &str,
+        cache_dir: &Path,
+        args: &[&str],
+    ) -> Result<(Self, std::process::Output)> {
         let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
         let out = Command::new(bucketdrive_bin())
             .arg("mount")
@@ -99,17 +121,7 @@ impl Detached {
             .args(args)
             .stdin(Stdio::null())
             .output()?;
-        let d = Detached { dir };
-        anyhow::ensure!(
-            out.status.success(),
-            "bucketdrive mount failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        anyhow::ensure!(
-            is_mounted(d.path()),
-            "not mounted after the parent returned"
-        );
-        Ok(d)
+        Ok((Detached { dir }, out))
     }
 
     fn path(&self) -> &Path {
@@ -204,6 +216,199 @@ fn an_earlier_cache_layout_is_used_in_place() -> Result<()> {
         "no sub-directory: the earlier layout is used as it is"
     );
     assert_eq!(mode(cache.path())?, 0o750, "its mode is left as it is");
+    Ok(())
+}
+
+/// Leaves in `cache` what an earlier version left behind: its layout directly in the named
+/// directory, holding `key` acknowledged (closed) but not uploaded when the mount died.
+/// Returns the file's content.
+fn leave_earlier_layout(emu: &Emulator, bucket: &str, cache: &Path, key: &str) -> Result<Vec<u8>> {
+    let m = Mount::with_cache(emu, bucket, cache, &["--write-back-delay", "1h"])?;
+    let data = random_bytes(200_000, 5);
+    write_and_close(&m.path().join(key), &data)?;
+    m.crash()?;
+    assert!(emu.get_opt(bucket, key)?.is_none());
+    let ours = cache.join(SUBDIR);
+    for entry in std::fs::read_dir(&ours)? {
+        let entry = entry?;
+        std::fs::rename(entry.path(), cache.join(entry.file_name()))?;
+    }
+    std::fs::remove_dir(&ours)?;
+    Ok(data)
+}
+
+#[test]
+fn a_detached_mount_replays_an_earlier_layout_every_time() -> Result<()> {
+    if Path::new("/dev/log").exists() {
+        // Only without a system log does a detached mount create its cache directory for the
+        // log file before the cache directory is opened, the order this test is about.
+        eprintln!("skipped: this machine has /dev/log");
+        return Ok(());
+    }
+    let emu = setup("legacydetached")?;
+    let cache = tempfile::tempdir()?;
+    let data = leave_earlier_layout(&emu, "legacydetached", cache.path(), "kept")?;
+    // What a start that did not use the earlier layout left: our sub-directory with a log in
+    // it. Whether it exists must not change which directory is used.
+    let ours = cache.path().join(SUBDIR);
+    std::fs::create_dir(&ours)?;
+    std::fs::write(ours.join("bucketdrive.log"), b"an earlier start\n")?;
+
+    let m = Detached::start(
+        &emu,
+        "legacydetached",
+        cache.path(),
+        &["--write-back-delay", "0s"],
+    )?;
+    wait_for_object(&emu, "legacydetached", "kept", &sha256(&data), 30)?;
+    m.unmount()?;
+    let log_path = cache.path().join("bucketdrive.log");
+    let log = std::fs::read_to_string(&log_path)
+        .map_err(|e| anyhow::anyhow!("no log at {}: {e}", log_path.display()))?;
+    assert!(log.contains("layout of an earlier version"), "{log}");
+    assert!(
+        !ours.join("journal").exists(),
+        "the earlier layout is the root: nothing staged in the sub-directory"
+    );
+
+    // The same answer on the next start: a file staged now is replayed from the same place.
+    let m = Detached::start(
+        &emu,
+        "legacydetached",
+        cache.path(),
+        &["--write-back-delay", "1h"],
+    )?;
+    let again = random_bytes(50_000, 6);
+    write_and_close(&m.path().join("later"), &again)?;
+    // Unmounting without waiting leaves it staged, as a crash would.
+    let out = Command::new(bucketdrive_bin())
+        .args(["unmount", "--no-wait"])
+        .arg(m.path())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(emu.get_opt("legacydetached", "later")?.is_none());
+    let m = Detached::start(
+        &emu,
+        "legacydetached",
+        cache.path(),
+        &["--write-back-delay", "0s"],
+    )?;
+    wait_for_object(&emu, "legacydetached", "later", &sha256(&again), 30)?;
+    m.unmount()?;
+    assert!(!ours.join("journal").exists());
+    Ok(())
+}
+
+#[test]
+fn an_earlier_layout_others_may_write_to_is_refused() -> Result<()> {
+    let emu = setup("legacyunsafe")?;
+    let cache = tempfile::tempdir()?;
+    let data = leave_earlier_layout(&emu, "legacyunsafe", cache.path(), "kept")?;
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o2770))?;
+
+    // Detached, so the refusal has to reach this terminal from the daemon, whatever the log
+    // set up first.
+    let (m, out) = Detached::try_start(&emu, "legacyunsafe", cache.path(), &[])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted anyway: {err}");
+    assert!(!is_mounted(m.path()), "nothing is mounted");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("earlier bucketdrive version"), "{err}");
+    assert!(err.contains("mode 2770"), "{err}");
+    assert!(err.contains("chmod go-w"), "{err}");
+    assert!(
+        !cache.path().join(SUBDIR).exists(),
+        "nothing was created beside the earlier files"
+    );
+    assert_eq!(
+        mode(cache.path())?,
+        0o2770,
+        "the directory is left as it is"
+    );
+
+    // Doing what the message says lets the mount upload what was staged.
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o2750))?;
+    let m = Mount::with_cache(
+        &emu,
+        "legacyunsafe",
+        cache.path(),
+        &["--write-back-delay", "0s"],
+    )?;
+    wait_for_object(&emu, "legacyunsafe", "kept", &sha256(&data), 30)?;
+    m.unmount()
+}
+
+#[test]
+fn a_named_dir_with_a_staging_dir_of_its_own_is_not_taken_for_ours() -> Result<()> {
+    let emu = setup("notours")?;
+    let work = tempfile::tempdir()?;
+    // A user's directory that happens to have `staging/` and `journal/` directories, with a
+    // file named like one of our staging files.
+    let staging = work.path().join("staging");
+    std::fs::create_dir(&staging)?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))?;
+    let theirs = staging.join("0000000000000001.data");
+    std::fs::write(&theirs, b"not bucketdrive's")?;
+    std::fs::create_dir(work.path().join("journal"))?;
+    std::fs::write(work.path().join("mount-id"), b"0123456789abcdef")?;
+
+    let m = Mount::with_cache(&emu, "notours", work.path(), &["--write-back-delay", "0s"])?;
+    let data = random_bytes(10_000, 8);
+    write_and_close(&m.path().join("f"), &data)?;
+    wait_for_object(&emu, "notours", "f", &sha256(&data), 30)?;
+    m.unmount()?;
+
+    let kept = std::fs::read(&theirs).map_err(|e| anyhow::anyhow!("their file is gone: {e}"))?;
+    assert_eq!(kept, b"not bucketdrive's", "their file is untouched");
+    assert_eq!(mode(&staging)?, 0o755, "their staging/ keeps its mode");
+    assert!(!work.path().join("lock").exists(), "no lock of ours in it");
+    assert!(work.path().join(SUBDIR).join("lock").exists());
+    Ok(())
+}
+
+#[test]
+fn a_detached_mount_runs_without_a_log_when_its_default_log_cannot_be_made() -> Result<()> {
+    if Path::new("/dev/log").exists() {
+        eprintln!("skipped: this machine has /dev/log");
+        return Ok(());
+    }
+    let emu = setup("nolog")?;
+    let base = tempfile::tempdir()?;
+    // A cache directory that cannot be created: its parent is a file.
+    let file = base.path().join("file");
+    std::fs::write(&file, b"")?;
+    let cache = file.join("cache");
+
+    // A read-only mount needs no cache directory: it runs, logging nowhere, and says so first.
+    let (m, out) = Detached::try_start(&emu, "nolog", &cache, &["--read-only"])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(is_mounted(m.path()));
+    assert!(err.contains("warning"), "{err}");
+    assert!(err.contains("bucketdrive.log"), "{err}");
+    assert!(std::fs::read_dir(m.path()).is_ok(), "the mount answers");
+    m.unmount()?;
+
+    // An explicit --log-file that cannot be opened is still an error.
+    let bad = file.join("x.log");
+    let (m, out) = Detached::try_start(
+        &emu,
+        "nolog",
+        base.path(),
+        &[
+            "--read-only",
+            "--log-file",
+            bad.to_str().unwrap_or_default(),
+        ],
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted anyway: {err}");
+    assert!(!is_mounted(m.path()));
+    assert!(err.contains("cannot open log file"), "{err}");
     Ok(())
 }
 

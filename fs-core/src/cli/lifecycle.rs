@@ -2,7 +2,6 @@
 //! filesystem, answer control requests, and finish pending uploads at the end. Both binaries
 //! run exactly this around their own adapter.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use super::options::CommonArgs;
 use crate::config::MountConfig;
 use crate::store::gcs::{GcsOptions, GcsStore};
 use crate::store::ObjectStore;
+use crate::write::cache_dir::CacheRoot;
 use crate::Filesystem;
 
 /// A multi-threaded runtime for the mount.
@@ -25,14 +25,15 @@ pub fn runtime() -> Result<Runtime, String> {
 }
 
 /// Connects to the bucket (a missing bucket or bad credentials is an error here, before
-/// anything is mounted), builds the filesystem, and replays what an earlier run left staged.
-/// `platform` adds the platform's own options to the configuration.
+/// anything is mounted), builds the filesystem staging writes in `cache` (decided by
+/// [`CommonArgs::cache_root`] before anything else used it), and replays what an earlier run
+/// left staged there. `platform` adds the platform's own options to the configuration.
 pub fn open_filesystem(
     rt: &Runtime,
     common: &CommonArgs,
+    cache: &CacheRoot,
     bucket: &str,
     prefix: &str,
-    mountpoint: &Path,
     platform: impl FnOnce(&mut MountConfig),
 ) -> Result<Arc<Filesystem<GcsStore>>, String> {
     let opts = GcsOptions::resolve(
@@ -50,14 +51,7 @@ pub fn open_filesystem(
     let mut cfg = common.mount_config(bucket, prefix);
     platform(&mut cfg);
     let store = Arc::new(store);
-    if let Some(note) = common
-        .cache_dir
-        .as_deref()
-        .and_then(crate::write::cache_dir::ignored_earlier_layout)
-    {
-        tracing::warn!("{note}");
-    }
-    let fs = match common.write_config(common.cache_dir(bucket, prefix, mountpoint)) {
+    let fs = match common.write_config(cache) {
         None => Filesystem::new(store, cfg),
         Some(w) => {
             tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");

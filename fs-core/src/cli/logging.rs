@@ -5,7 +5,12 @@
 //!   never receives escape codes.
 //! - Detached: `--log-file` if given; else the system log through `/dev/log` when that socket
 //!   exists; else `<cache-dir>/bucketdrive.log`. A detached process's standard error is
-//!   /dev/null, so it must never be the destination there.
+//!   /dev/null, so it must never be the destination there. That default is chosen, and its
+//!   file opened, by [`detached`] before the process detaches: when it cannot be opened (the
+//!   cache directory cannot be made: no writable home, or a read-only mount with nowhere to put
+//!   one), the reason is printed on the terminal and the mount runs without a log, as it did
+//!   before there was a default file; a log is never worth refusing a mount for. A
+//!   `--log-file` that cannot be opened is still an error: it was asked for.
 //!
 //! Log files are created 0600 and never hold colour codes: a log can name files and buckets
 //! the rest of the machine should not see, and a file is read with tools that do not interpret
@@ -24,6 +29,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use super::options::CommonArgs;
+use crate::write::cache_dir::CacheRoot;
 
 /// The file a detached mount logs to when there is neither `--log-file` nor a system log,
 /// inside its cache directory.
@@ -55,13 +61,66 @@ pub enum LogFormat {
 }
 
 /// How the process runs, which decides the default destination.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Destination {
     /// In the foreground: `--log-file`, else standard error.
     Attached,
-    /// Detached from its terminal: `--log-file`, else the system log, else
-    /// `<cache_dir>/bucketdrive.log`.
-    Detached { cache_dir: PathBuf },
+    /// Detached from its terminal: `--log-file`, else what [`detached`] chose.
+    Detached(DetachedLog),
+}
+
+/// Where a detached mount logs without `--log-file`, chosen before it detaches.
+#[derive(Debug)]
+pub enum DetachedLog {
+    /// The system log, through this socket.
+    Syslog(PathBuf),
+    /// `<cache root>/bucketdrive.log`, already open.
+    File(PathBuf, std::sync::Mutex<std::fs::File>),
+    /// Nowhere: `--log-file` is given (it is opened by [`init`]), or the default file could
+    /// not be opened (the reason was printed before detaching).
+    Nothing,
+}
+
+/// The destination of a mount about to detach, and a warning to print on the terminal while
+/// it still has one. Opens the default log file in `cache`'s root now, creating the root if
+/// needed (it is inherited across the fork), so a failure is seen by the user instead of
+/// being lost on a detached process's /dev/null; it is not an error (see the module
+/// documentation).
+pub fn detached(common: &CommonArgs, cache: &CacheRoot) -> (Destination, Option<String>) {
+    #[cfg(unix)]
+    let syslog = Path::new(SYSLOG_SOCKET);
+    #[cfg(not(unix))]
+    let syslog = Path::new("");
+    detached_with(common, cache, syslog)
+}
+
+/// [`detached`] with `syslog` as the system log's socket path.
+fn detached_with(
+    common: &CommonArgs,
+    cache: &CacheRoot,
+    syslog: &Path,
+) -> (Destination, Option<String>) {
+    if common.log_file.is_some() {
+        return (Destination::Detached(DetachedLog::Nothing), None);
+    }
+    if cfg!(unix) && is_socket(syslog) {
+        return (
+            Destination::Detached(DetachedLog::Syslog(syslog.to_path_buf())),
+            None,
+        );
+    }
+    let path = cache.path.join(DEFAULT_LOG_FILE);
+    match cache.ensure().and_then(|()| open_log_file(&path)) {
+        Ok(file) => (Destination::Detached(DetachedLog::File(path, file)), None),
+        Err(why) => (
+            Destination::Detached(DetachedLog::Nothing),
+            Some(format!(
+                "cannot log to {} ({why}); the mount runs without a log (--log-file PATH \
+                 names one)",
+                path.display()
+            )),
+        ),
+    }
 }
 
 /// Sets up the process's logging from `--log-level`, `--log-file` and `--log-format`
@@ -72,11 +131,7 @@ pub fn init(
     quiet_targets: &[&str],
     destination: Destination,
 ) -> Result<(), String> {
-    #[cfg(unix)]
-    let syslog = Path::new(SYSLOG_SOCKET);
-    #[cfg(not(unix))]
-    let syslog = Path::new("");
-    let (layer, _) = build(common, quiet_targets, &destination, syslog)?;
+    let (layer, _) = build(common, quiet_targets, destination)?;
     tracing_subscriber::registry()
         .with(layer)
         .try_init()
@@ -89,35 +144,49 @@ enum Sink {
     Stderr { ansi: bool },
     File(PathBuf),
     Syslog(PathBuf),
+    Nowhere,
 }
 
 type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
 
 /// The filter and formatting layer for `common`, writing to the destination chosen from
-/// `destination` (with `syslog` as the system log's socket path).
+/// `destination`: `--log-file` first, else the destination's own default.
 fn build(
     common: &CommonArgs,
     quiet_targets: &[&str],
-    destination: &Destination,
-    syslog: &Path,
+    destination: Destination,
 ) -> Result<(BoxedLayer, Sink), String> {
+    use tracing_subscriber::filter::LevelFilter;
     let filter = filter(&common.log_level, quiet_targets)?;
-    let sink = choose(common.log_file.as_deref(), destination, syslog);
-    let (writer, ansi, with_time) = match &sink {
-        Sink::Stderr { ansi } => (BoxMakeWriter::new(std::io::stderr), *ansi, true),
-        Sink::File(path) => {
-            if let Destination::Detached { cache_dir } = destination {
-                if common.log_file.is_none() {
-                    crate::write::cache_dir::ensure_root(cache_dir)?;
-                }
-            }
-            (BoxMakeWriter::new(open_log_file(path)?), false, true)
+    let (writer, sink) = match (common.log_file.as_deref(), destination) {
+        (Some(path), _) => (
+            BoxMakeWriter::new(open_log_file(path)?),
+            Sink::File(path.to_path_buf()),
+        ),
+        (None, Destination::Attached) => {
+            use std::io::IsTerminal;
+            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            (BoxMakeWriter::new(std::io::stderr), Sink::Stderr { ansi })
         }
-        Sink::Syslog(path) => {
-            // Syslog stamps every message itself.
-            (BoxMakeWriter::new(SyslogSink::connect(path)?), false, false)
+        (None, Destination::Detached(DetachedLog::File(path, file))) => {
+            (BoxMakeWriter::new(file), Sink::File(path))
+        }
+        (None, Destination::Detached(DetachedLog::Syslog(path))) => (
+            BoxMakeWriter::new(SyslogSink::connect(&path)?),
+            Sink::Syslog(path),
+        ),
+        (None, Destination::Detached(DetachedLog::Nothing)) => {
+            // Nothing is formatted for nowhere.
+            let layer = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(LevelFilter::OFF)
+                .boxed();
+            return Ok((layer, Sink::Nowhere));
         }
     };
+    let ansi = matches!(sink, Sink::Stderr { ansi: true });
+    // Syslog stamps every message itself.
+    let with_time = !matches!(sink, Sink::Syslog(_));
     let layer: BoxedLayer = match (common.log_format, with_time) {
         (LogFormat::Text, true) => tracing_subscriber::fmt::layer()
             .with_target(false)
@@ -160,27 +229,6 @@ fn filter(
         |t, (target, max)| t.with_target(*target, *max),
     );
     Ok(wanted.and(ceilings))
-}
-
-/// The destination rule of the module documentation.
-fn choose(log_file: Option<&Path>, destination: &Destination, syslog: &Path) -> Sink {
-    if let Some(path) = log_file {
-        return Sink::File(path.to_path_buf());
-    }
-    match destination {
-        Destination::Attached => {
-            use std::io::IsTerminal;
-            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            Sink::Stderr { ansi }
-        }
-        Destination::Detached { cache_dir } => {
-            if cfg!(unix) && is_socket(syslog) {
-                Sink::Syslog(syslog.to_path_buf())
-            } else {
-                Sink::File(cache_dir.join(DEFAULT_LOG_FILE))
-            }
-        }
-    }
 }
 
 fn is_socket(path: &Path) -> bool {
@@ -373,45 +421,100 @@ mod tests {
         Cli::parse_from(all).common
     }
 
-    fn detached(dir: &Path) -> Destination {
-        Destination::Detached {
-            cache_dir: dir.to_path_buf(),
+    fn root(dir: &Path) -> CacheRoot {
+        CacheRoot {
+            path: dir.to_path_buf(),
+            legacy: false,
         }
+    }
+
+    /// What a detached mount of `c` with its cache root in `dir` logs to, and the warning.
+    fn detached_sink(c: &CommonArgs, dir: &Path, syslog: &Path) -> (Sink, Option<String>) {
+        let (destination, warning) = detached_with(c, &root(dir), syslog);
+        let (_, sink) = build(c, &[], destination).unwrap();
+        (sink, warning)
     }
 
     #[test]
     fn destinations() {
         let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
         let no_syslog = dir.path().join("no-such-socket");
         let file = dir.path().join("x.log");
+        let with_file = common(&["--log-file", file.to_str().unwrap()]);
+        let (_, sink) = build(&with_file, &[], Destination::Attached).unwrap();
+        assert_eq!(sink, Sink::File(file.clone()));
         assert_eq!(
-            choose(Some(&file), &Destination::Attached, &no_syslog),
-            Sink::File(file.clone())
+            detached_sink(&with_file, &cache, &no_syslog),
+            (Sink::File(file.clone()), None)
         );
+        assert!(
+            !cache.exists(),
+            "no default log made when --log-file is given"
+        );
+        let plain = common(&[]);
         assert_eq!(
-            choose(Some(&file), &detached(dir.path()), &no_syslog),
-            Sink::File(file.clone())
+            detached_sink(&plain, &cache, &no_syslog),
+            (Sink::File(cache.join(DEFAULT_LOG_FILE)), None)
         );
-        assert_eq!(
-            choose(None, &detached(dir.path()), &no_syslog),
-            Sink::File(dir.path().join(DEFAULT_LOG_FILE))
-        );
+        assert!(cache.join(DEFAULT_LOG_FILE).is_file());
         // A plain file where the socket should be is not a syslog.
         std::fs::write(&no_syslog, b"").unwrap();
         assert_eq!(
-            choose(None, &detached(dir.path()), &no_syslog),
-            Sink::File(dir.path().join(DEFAULT_LOG_FILE))
+            detached_sink(&plain, &cache, &no_syslog).0,
+            Sink::File(cache.join(DEFAULT_LOG_FILE))
         );
         let socket = dir.path().join("log.sock");
         let _server = UnixDatagram::bind(&socket).unwrap();
         assert_eq!(
-            choose(None, &detached(dir.path()), &socket),
-            Sink::Syslog(socket.clone())
+            detached_sink(&plain, &cache, &socket),
+            (Sink::Syslog(socket.clone()), None)
         );
-        assert!(matches!(
-            choose(None, &Destination::Attached, &socket),
-            Sink::Stderr { .. }
-        ));
+        let (_, sink) = build(&plain, &[], Destination::Attached).unwrap();
+        assert!(matches!(sink, Sink::Stderr { .. }));
+    }
+
+    #[test]
+    fn a_default_log_that_cannot_be_opened_is_no_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let no_syslog = dir.path().join("no-such-socket");
+        // A cache root that cannot be made: its parent is a file.
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let c = common(&[]);
+        let (sink, warning) = detached_sink(&c, &file.join("cache"), &no_syslog);
+        assert_eq!(sink, Sink::Nowhere);
+        let warning = warning.unwrap();
+        assert!(warning.contains("without a log"), "{warning}");
+        assert!(warning.contains(DEFAULT_LOG_FILE), "{warning}");
+        assert!(warning.contains("Not a directory"), "{warning}");
+        // An earlier layout in place is the root as it is: its log goes there, nothing made.
+        let old = dir.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let legacy = CacheRoot {
+            path: old.clone(),
+            legacy: true,
+        };
+        let (destination, warning) = detached_with(&c, &legacy, &no_syslog);
+        assert!(warning.is_none());
+        assert_eq!(
+            build(&c, &[], destination).unwrap().1,
+            Sink::File(old.join(DEFAULT_LOG_FILE))
+        );
+        assert_eq!(
+            std::fs::metadata(&old).unwrap().permissions().mode() & 0o7777,
+            0o750
+        );
+        // An explicit --log-file that cannot be opened is an error, attached or not.
+        let bad = file.join("x.log");
+        let explicit = common(&["--log-file", bad.to_str().unwrap()]);
+        let (destination, warning) = detached_with(&explicit, &root(dir.path()), &no_syslog);
+        assert!(warning.is_none());
+        let err = build(&explicit, &[], destination).err().unwrap();
+        assert!(err.contains("cannot open log file"), "{err}");
+        let err = build(&explicit, &[], Destination::Attached).err().unwrap();
+        assert!(err.contains("cannot open log file"), "{err}");
     }
 
     #[test]
@@ -421,8 +524,7 @@ mod tests {
         std::fs::write(&path, b"from an earlier version\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let c = common(&["--log-file", path.to_str().unwrap(), "--log-level", "debug"]);
-        let (layer, sink) =
-            build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+        let (layer, sink) = build(&c, &[], Destination::Attached).unwrap();
         assert_eq!(sink, Sink::File(path.clone()));
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || {
@@ -444,7 +546,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.log");
         let c = common(&["--log-file", path.to_str().unwrap(), "--log-format", "json"]);
-        let (layer, _) = build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+        let (layer, _) = build(&c, &[], Destination::Attached).unwrap();
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
             let span = tracing::info_span!("gcs", op = "put");
             let _e = span.enter();
@@ -467,7 +569,8 @@ mod tests {
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
         let c = common(&["--log-level", "debug"]);
-        let (layer, sink) = build(&c, &[], &detached(dir.path()), &socket).unwrap();
+        let (destination, _) = detached_with(&c, &root(dir.path()), &socket);
+        let (layer, sink) = build(&c, &[], destination).unwrap();
         assert_eq!(sink, Sink::Syslog(socket.clone()));
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
             tracing::error!("e-line");
@@ -506,8 +609,7 @@ mod tests {
         let run = |level: &str| -> String {
             let path = dir.path().join(format!("{level}.log"));
             let c = common(&["--log-file", path.to_str().unwrap(), "--log-level", level]);
-            let (layer, _) =
-                build(&c, &[], &Destination::Attached, Path::new("/nonexistent")).unwrap();
+            let (layer, _) = build(&c, &[], Destination::Attached).unwrap();
             tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
                 tracing::trace!(target: "reqwest::connect", "raw-bytes");
                 tracing::debug!(target: "reqwest::connect", "new-connection");

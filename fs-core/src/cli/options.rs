@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config::{parse_size, MountConfig};
+use crate::write::cache_dir::CacheRoot;
 use crate::write::upload::UploadMode;
 use crate::write::writeback::WriteConfig;
 
@@ -86,7 +87,8 @@ pub struct CommonArgs {
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Append logs to this file (created 0600). Default: standard error in the foreground;
-    /// when detached, syslog (/dev/log) if present, else bucketdrive.log in the cache directory.
+    /// when detached, syslog (/dev/log) if present, else bucketdrive.log in the cache directory
+    /// (no log, with a warning, if that cannot be created).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9100). Default:
@@ -122,24 +124,27 @@ impl CommonArgs {
 
     /// The cache directory's root: our sub-directory of `--cache-dir` (or that directory
     /// itself when it holds an earlier version's layout), else one per bucket, prefix and
-    /// mountpoint under the user's cache directory.
-    pub fn cache_dir(&self, bucket: &str, prefix: &str, mountpoint: &Path) -> PathBuf {
-        use crate::write::cache_dir;
+    /// mountpoint under the user's cache directory. Called once, before the mount starts (see
+    /// [`CacheRoot::in_user_dir`] for why it can fail); every later user gets the answer.
+    pub fn cache_root(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        mountpoint: &Path,
+    ) -> Result<CacheRoot, String> {
         match &self.cache_dir {
-            Some(named) => cache_dir::in_user_dir(named).0,
-            None => cache_dir::default_cache_dir(bucket, prefix, mountpoint),
+            Some(named) => CacheRoot::in_user_dir(named),
+            None => Ok(CacheRoot::default_for(bucket, prefix, mountpoint)),
         }
     }
 
-    /// The write-back configuration; `None` for a read-only mount.
-    pub fn write_config(&self, cache_dir: PathBuf) -> Option<WriteConfig> {
+    /// The write-back configuration staging in `root`; `None` for a read-only mount.
+    pub fn write_config(&self, root: &CacheRoot) -> Option<WriteConfig> {
         if self.read_only {
             return None;
         }
-        // The root is the named directory itself only when that holds an earlier layout.
-        let legacy = self.cache_dir.as_deref() == Some(cache_dir.as_path());
-        let mut w = WriteConfig::new(cache_dir);
-        w.legacy_cache_dir = legacy;
+        let mut w = WriteConfig::new(root.path.clone());
+        w.legacy_cache_dir = root.legacy;
         w.write_back_delay = self.write_back_delay;
         w.upload_on_close = self.upload_on_close;
         w.cache_size = self.cache_size;

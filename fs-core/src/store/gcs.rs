@@ -629,6 +629,7 @@ mod tests {
             .unwrap()
             .port();
         let url = format!("http://u:pw@127.0.0.1:{port}/upload/o?upload_id=SECRET&name=n");
+        crate::store::tls::install_crypto_provider();
         let e = reqwest::Client::new().get(&url).send().await.unwrap_err();
         assert!(
             e.to_string().contains("SECRET"),

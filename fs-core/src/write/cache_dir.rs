@@ -6,17 +6,23 @@
 //! tag, so a mount can tell its own leftovers from another mount's in-flight work.
 //! Directories are mode 0700 and files 0600: staged data is the user's data.
 //!
-//! Which directory is the root: by default one per bucket, prefix and mountpoint under the
-//! user's cache directory ([`default_cache_dir`]). A directory the user names with
-//! `--cache-dir` is not ours: it may be shared (`/tmp`), so its mode is never changed and the
-//! root is our own sub-directory [`SUBDIR`] inside it ([`in_user_dir`]). Every directory we
-//! own is checked when opened: a real directory (not a symbolic link), owned by the effective
-//! user, narrowed to 0700 through a descriptor ([`platform::create_private_dir`]).
+//! Which directory is the root ([`CacheRoot`], decided once, before the mount starts): by
+//! default one per bucket, prefix and mountpoint under the user's cache directory
+//! ([`default_cache_dir`]). A directory the user names with `--cache-dir` is not ours: it may
+//! be shared (`/tmp`), so its mode is never changed and the root is our own sub-directory
+//! [`SUBDIR`] inside it ([`CacheRoot::in_user_dir`]). Every directory we own is checked when
+//! opened: a real directory (not a symbolic link), owned by the effective user, narrowed to
+//! 0700 through a descriptor ([`platform::create_private_dir`]).
 //!
 //! Earlier versions used a named directory itself as the root. One that still holds that
-//! layout (`mount-id`, `journal/` or `staging/` directly in it) keeps being used as it is, so
-//! what it has staged is replayed, provided it is ours and writable by no one else; otherwise
-//! it is left alone, with a warning, and the sub-directory is used.
+//! layout (`lock`, `staging/` and `journal/` directly in it: see `holds_earlier_layout`) is
+//! used as it is, so what it has staged is replayed. The answer depends only on that layout,
+//! never on whether [`SUBDIR`] exists (a detached mount may create it for its log before the
+//! cache directory is opened), so it is the same at every start. Using it needs the directory
+//! to be ours and writable by no one else; otherwise the mount is refused, since anyone could
+//! have planted those files and skipping them would strand what was staged there. It is
+//! refused too when [`SUBDIR`] holds journal records of its own: one of the two would be
+//! ignored.
 
 use crate::platform;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -158,48 +164,88 @@ pub fn default_cache_dir(bucket: &str, prefix: &str, mountpoint: &Path) -> PathB
 /// directories, which live in `<user cache>/bucketdrive/`.
 pub const SUBDIR: &str = "bucketdrive-cache";
 
-/// The root inside a directory the user named, and whether it is that directory itself,
-/// holding an earlier version's layout (see the module documentation).
-pub fn in_user_dir(named: &Path) -> (PathBuf, bool) {
-    if holds_earlier_layout(named) && legacy_is_safe(named).is_ok() {
-        (named.to_path_buf(), true)
-    } else {
-        (named.join(SUBDIR), false)
+/// Where a mount's cache directory is. Decided once at start-up, before the log or anything
+/// else creates a directory, so every user of the root (the log file, the write path, the
+/// control socket) gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheRoot {
+    pub path: PathBuf,
+    /// `path` is a directory the user named that holds an earlier version's layout: used as
+    /// it is, its own mode untouched.
+    pub legacy: bool,
+}
+
+impl CacheRoot {
+    /// The default root of a mount ([`default_cache_dir`]).
+    pub fn default_for(bucket: &str, prefix: &str, mountpoint: &Path) -> Self {
+        CacheRoot {
+            path: default_cache_dir(bucket, prefix, mountpoint),
+            legacy: false,
+        }
+    }
+
+    /// The root inside `named`, a directory the user gave as `--cache-dir`: `named` itself
+    /// when it holds an earlier version's layout that is safe to use, else `named/`[`SUBDIR`].
+    /// Fails, with a one-line message saying what to do, when the earlier layout must not be
+    /// used (someone else could write to it) or cannot be used alone ([`SUBDIR`] holds journal
+    /// records too): going on would leave what one of them staged behind, unsaid. Only reads.
+    pub fn in_user_dir(named: &Path) -> Result<Self, String> {
+        let ours = named.join(SUBDIR);
+        if !holds_earlier_layout(named) {
+            return Ok(CacheRoot {
+                path: ours,
+                legacy: false,
+            });
+        }
+        if let Err(why) = legacy_is_safe(named) {
+            return Err(format!(
+                "{dir} holds files staged by an earlier bucketdrive version, but {why}; make it \
+                 yours and not group/other-writable (chmod go-w {dir}), or move those files \
+                 (lock, mount-id, staging/, journal/) away",
+                dir = named.display()
+            ));
+        }
+        let journal = ours.join("journal");
+        let both = super::journal::holds_records(&journal)
+            .map_err(|e| format!("cannot read the journal in {}: {e}", journal.display()))?;
+        if both {
+            return Err(format!(
+                "{dir} holds files staged by an earlier bucketdrive version, and {ours} holds \
+                 files staged since: one would be ignored. Mount once with --cache-dir {ours} \
+                 to upload those, then again with --cache-dir {dir}",
+                dir = named.display(),
+                ours = ours.display()
+            ));
+        }
+        Ok(CacheRoot {
+            path: named.to_path_buf(),
+            legacy: true,
+        })
+    }
+
+    /// Makes sure the root exists before [`CacheDir::open`] does (the detached mount's log
+    /// file lives there and is opened first), with the same checks; an earlier layout in place
+    /// is left as it is.
+    pub fn ensure(&self) -> Result<(), String> {
+        if self.legacy {
+            return Ok(());
+        }
+        platform::create_private_dir(&self.path)
+            .map_err(|e| format!("cannot use cache directory {}: {e}", self.path.display()))
     }
 }
 
-/// Why a named directory that holds an earlier version's layout is not used as it is, for a
-/// warning at start-up; `None` when there is nothing to say.
-pub fn ignored_earlier_layout(named: &Path) -> Option<String> {
-    if !holds_earlier_layout(named) {
-        return None;
-    }
-    legacy_is_safe(named).err().map(|why| {
-        format!(
-            "{} holds files of an earlier bucketdrive version, but {why}: they are left alone, \
-             and {} is used instead",
-            named.display(),
-            named.join(SUBDIR).display()
-        )
-    })
-}
-
-/// Makes sure the root `root` exists before [`CacheDir::open`] does (the detached mount's log
-/// file lives there and is opened first), with the same checks; an earlier layout in place is
-/// left as it is.
-pub fn ensure_root(root: &Path) -> Result<(), String> {
-    if holds_earlier_layout(root) && legacy_is_safe(root).is_ok() {
-        return Ok(());
-    }
-    platform::create_private_dir(root)
-        .map_err(|e| format!("cannot use cache directory {}: {e}", root.display()))
-}
-
+/// Whether `dir` holds the layout an earlier version left when it used a named directory
+/// itself as the root. The marker is the three names every earlier version created on every
+/// open, before anything was staged, and never removed: `staging/` and `journal/`, then the
+/// `lock` file. Not `mount-id` (it came later) nor `journal/journal.log` (the first versions
+/// kept one `journal/<id>.json` per record). All three are required: a directory of the
+/// user's that merely has a `staging/` or `journal/` of its own must not be taken for ours,
+/// since we would then write into it, narrow its sub-directories to 0700 and delete its files
+/// named like staging files. Only names are looked at; whether the directory is safe to use is
+/// [`legacy_is_safe`], and [`CacheDir::open_at`] refuses links and files not ours as usual.
 fn holds_earlier_layout(dir: &Path) -> bool {
-    !dir.join(SUBDIR).exists()
-        && (dir.join("mount-id").is_file()
-            || dir.join("journal").is_dir()
-            || dir.join("staging").is_dir())
+    dir.join("lock").is_file() && dir.join("staging").is_dir() && dir.join("journal").is_dir()
 }
 
 /// An earlier layout is used in place only if the directory is ours and no one else can
@@ -209,14 +255,14 @@ fn legacy_is_safe(dir: &Path) -> Result<(), String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(dir).map_err(|e| e.to_string())?;
+        let meta = std::fs::metadata(dir).map_err(|e| format!("it cannot be read: {e}"))?;
         // SAFETY: geteuid cannot fail.
         if meta.uid() != unsafe { libc::geteuid() } {
             return Err(format!("it belongs to user {}", meta.uid()));
         }
         if meta.mode() & 0o022 != 0 {
             return Err(format!(
-                "others may write to it (mode {:o})",
+                "others can write to it (mode {:o})",
                 meta.mode() & 0o7777
             ));
         }
@@ -258,7 +304,7 @@ mod tests {
         let shared = dir.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        let (root, legacy) = in_user_dir(&shared);
+        let CacheRoot { path: root, legacy } = CacheRoot::in_user_dir(&shared).unwrap();
         assert_eq!(root, shared.join(SUBDIR));
         assert!(!legacy);
         let c = CacheDir::open(&root).unwrap();
@@ -272,8 +318,9 @@ mod tests {
         drop(c);
         // A named directory that does not exist yet is made private, with ours inside.
         let fresh = dir.path().join("a/b");
-        let (root, _) = in_user_dir(&fresh);
-        CacheDir::open(&root).unwrap();
+        let root = CacheRoot::in_user_dir(&fresh).unwrap();
+        assert!(!fresh.exists(), "deciding creates nothing");
+        CacheDir::open(&root.path).unwrap();
         assert_eq!(mode(&fresh), 0o700);
     }
 
@@ -321,43 +368,151 @@ mod tests {
         std::os::unix::fs::chown(&root, Some(4321), None).unwrap();
         let err = CacheDir::open(&root).unwrap_err();
         assert!(err.contains("belongs to user 4321"), "{err}");
-        // An earlier layout in someone else's directory is not used in place.
+        // An earlier layout in someone else's directory is neither used nor skipped.
         std::fs::create_dir(root.join("journal")).unwrap();
-        let (r, legacy) = in_user_dir(&root);
-        assert!(!legacy);
-        assert_eq!(r, root.join(SUBDIR));
-        assert!(ignored_earlier_layout(&root).is_some());
+        std::fs::create_dir(root.join("staging")).unwrap();
+        std::fs::write(root.join("lock"), b"").unwrap();
+        let err = CacheRoot::in_user_dir(&root).unwrap_err();
+        assert!(err.contains("belongs to user 4321"), "{err}");
+        assert!(err.contains("make it yours"), "{err}");
+    }
+
+    /// Leaves in `named` what an earlier version left there: the directory itself as the
+    /// root, with one file staged and journaled.
+    fn earlier_layout(named: &Path) -> String {
+        let c = CacheDir::open(named).unwrap();
+        std::fs::write(c.staging_path(7), b"staged").unwrap();
+        std::fs::write(c.journal_dir().join("journal.log"), b"a record\n").unwrap();
+        c.tag().to_string()
     }
 
     #[test]
     fn an_earlier_layout_is_used_in_place() {
         let dir = tempfile::tempdir().unwrap();
         let named = dir.path().join("old");
-        // What an earlier version left: the directory itself as the root.
-        let tag = {
-            let c = CacheDir::open(&named).unwrap();
-            std::fs::write(c.staging_path(7), b"staged").unwrap();
-            c.tag().to_string()
-        };
+        let tag = earlier_layout(&named);
         std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o750)).unwrap();
-        let (root, legacy) = in_user_dir(&named);
-        assert_eq!(root, named);
-        assert!(legacy);
-        assert!(ignored_earlier_layout(&named).is_none());
-        let c = CacheDir::open_at(&root, legacy).unwrap();
+        let root = CacheRoot::in_user_dir(&named).unwrap();
+        assert_eq!(root.path, named);
+        assert!(root.legacy);
+        root.ensure().unwrap();
+        let c = CacheDir::open_at(&root.path, root.legacy).unwrap();
         assert_eq!(c.tag(), tag, "the same tag, so its parts are recognised");
         assert_eq!(c.staging_ids().unwrap().0, vec![7]);
         assert_eq!(mode(&named), 0o750, "left as it is");
         assert!(!named.join(SUBDIR).exists());
-        drop(c);
+    }
 
-        // Writable by others: anyone could have planted those files; not used.
-        std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let (root, legacy) = in_user_dir(&named);
-        assert_eq!(root, named.join(SUBDIR));
-        assert!(!legacy);
-        let note = ignored_earlier_layout(&named).unwrap();
-        assert!(note.contains("others may write"), "{note}");
+    #[test]
+    fn the_first_versions_layout_is_recognised() {
+        // Before `mount-id` and `journal.log`: `lock`, `staging/`, one file per record.
+        let dir = tempfile::tempdir().unwrap();
+        let named = dir.path().join("first");
+        for d in ["staging", "journal"] {
+            std::fs::create_dir_all(named.join(d)).unwrap();
+        }
+        std::fs::write(named.join("lock"), b"").unwrap();
+        std::fs::write(named.join("journal").join("0000000000000001.json"), b"{}").unwrap();
+        let root = CacheRoot::in_user_dir(&named).unwrap();
+        assert_eq!(root.path, named);
+        assert!(root.legacy);
+    }
+
+    #[test]
+    fn the_decision_does_not_depend_on_the_sub_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = dir.path().join("old");
+        earlier_layout(&named);
+        let first = CacheRoot::in_user_dir(&named).unwrap();
+        assert!(first.legacy);
+        // What a detached mount's log leaves before the cache directory is opened: our
+        // sub-directory, with a log file in it. Nothing changes, however often it is asked.
+        let ours = named.join(SUBDIR);
+        CacheRoot {
+            path: ours.clone(),
+            legacy: false,
+        }
+        .ensure()
+        .unwrap();
+        std::fs::write(ours.join("bucketdrive.log"), b"log\n").unwrap();
+        for _ in 0..3 {
+            assert_eq!(CacheRoot::in_user_dir(&named).unwrap(), first);
+        }
+        // Even a sub-directory used before, whose journal has nothing left to upload.
+        drop(CacheDir::open(&ours).unwrap());
+        std::fs::write(ours.join("journal").join("journal.log"), b"").unwrap();
+        assert_eq!(CacheRoot::in_user_dir(&named).unwrap(), first);
+    }
+
+    #[test]
+    fn an_earlier_layout_beside_a_used_sub_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = dir.path().join("old");
+        earlier_layout(&named);
+        let ours = named.join(SUBDIR);
+        drop(CacheDir::open(&ours).unwrap());
+        // A journal of the older form is enough to show a staged file.
+        std::fs::write(ours.join("journal").join("0000000000000002.json"), b"{}").unwrap();
+        let err = CacheRoot::in_user_dir(&named).unwrap_err();
+        assert!(!err.contains('\n'), "one line: {err}");
+        assert!(err.contains("one would be ignored"), "{err}");
+        assert!(
+            err.contains(&format!("--cache-dir {}", ours.display())),
+            "{err}"
+        );
+        // What the message says: the sub-directory, named itself, is an earlier layout too.
+        let sub = CacheRoot::in_user_dir(&ours).unwrap();
+        assert_eq!(sub.path, ours);
+        assert!(sub.legacy);
+    }
+
+    #[test]
+    fn an_earlier_layout_others_may_write_to_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = dir.path().join("old");
+        earlier_layout(&named);
+        for m in [0o2770, 0o777, 0o1777] {
+            std::fs::set_permissions(&named, std::fs::Permissions::from_mode(m)).unwrap();
+            for _ in 0..2 {
+                let err = CacheRoot::in_user_dir(&named).unwrap_err();
+                assert!(!err.contains('\n'), "one line: {err}");
+                assert!(err.contains(&format!("mode {m:o}")), "{err}");
+                assert!(
+                    err.contains(&format!("chmod go-w {}", named.display())),
+                    "{err}"
+                );
+            }
+            assert!(!named.join(SUBDIR).exists(), "deciding creates nothing");
+            assert_eq!(mode(&named), m, "and changes nothing");
+        }
+        std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o2750)).unwrap();
+        assert!(CacheRoot::in_user_dir(&named).unwrap().legacy);
+    }
+
+    #[test]
+    fn an_ordinary_directory_is_not_an_earlier_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        // A project with `staging/` and `journal/` of its own, and even a `mount-id`.
+        for d in ["staging", "journal"] {
+            std::fs::create_dir_all(work.join(d)).unwrap();
+            std::fs::set_permissions(work.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let theirs = work.join("staging").join("0000000000000001.data");
+        std::fs::write(&theirs, b"theirs").unwrap();
+        std::fs::write(work.join("mount-id"), b"0123456789abcdef").unwrap();
+        let root = CacheRoot::in_user_dir(&work).unwrap();
+        assert_eq!(root.path, work.join(SUBDIR));
+        assert!(!root.legacy);
+        drop(CacheDir::open_at(&root.path, root.legacy).unwrap());
+        assert!(theirs.exists());
+        assert_eq!(mode(&work.join("staging")), 0o755, "theirs, left alone");
+        assert!(!work.join("lock").exists());
+        // `lock` with only one of the two directories is not it either.
+        let half = dir.path().join("half");
+        std::fs::create_dir_all(half.join("staging")).unwrap();
+        std::fs::write(half.join("lock"), b"").unwrap();
+        assert!(!CacheRoot::in_user_dir(&half).unwrap().legacy);
     }
 
     #[test]

@@ -291,15 +291,33 @@ fn parse(line: &str) -> Option<Change> {
     serde_json::from_str(json).ok()
 }
 
-/// Replays the log at `path` into live records.
-fn read_log(path: &Path, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, Record>> {
-    let mut live = HashMap::new();
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(live),
+/// Whether the journal in `dir` holds anything to upload: a live record, a damaged line (it
+/// may have been one) or a record of the older one-file-per-record form. Only reads: a mount
+/// asks this of a journal it will not open, to refuse rather than ignore it
+/// ([`super::cache_dir`]), and must change nothing there.
+pub fn holds_records(dir: &Path) -> io::Result<bool> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
     };
-    let text = String::from_utf8_lossy(&bytes);
+    for entry in entries {
+        if entry?.file_name().to_string_lossy().ends_with(".json") {
+            return Ok(true);
+        }
+    }
+    let (live, damaged) = match std::fs::read(dir.join(LOG)) {
+        Ok(bytes) => replay(&bytes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    Ok(!live.is_empty() || damaged > 0)
+}
+
+/// The live records of a log's bytes, and how many of its lines are damaged.
+fn replay(bytes: &[u8]) -> (HashMap<u64, Record>, usize) {
+    let mut live = HashMap::new();
+    let text = String::from_utf8_lossy(bytes);
     let complete = text.ends_with('\n');
     let lines: Vec<&str> = text.lines().collect();
     let mut damaged = 0;
@@ -311,6 +329,17 @@ fn read_log(path: &Path, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, 
             None => damaged += 1,
         }
     }
+    (live, damaged)
+}
+
+/// Replays the log at `path` into live records.
+fn read_log(path: &Path, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, Record>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(e),
+    };
+    let (live, damaged) = replay(&bytes);
     if damaged > 0 {
         let aside = path.with_extension(format!(
             "log.corrupt-{}",
@@ -570,6 +599,43 @@ mod tests {
         assert_eq!(
             all,
             vec![rec(1, UploadState::Staged), rec(2, UploadState::Staged)]
+        );
+    }
+
+    #[tokio::test]
+    async fn holds_records_only_reads_and_counts_live_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none");
+        assert!(!holds_records(&missing).unwrap());
+        assert!(!missing.exists(), "nothing is created");
+        let j = Journal::open(dir.path()).unwrap();
+        assert!(!holds_records(dir.path()).unwrap(), "an empty log");
+        j.put(&rec(1, UploadState::Staged)).await.unwrap();
+        assert!(holds_records(dir.path()).unwrap());
+        j.remove(1).await.unwrap();
+        let len = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
+        assert!(len > 0);
+        assert!(
+            !holds_records(dir.path()).unwrap(),
+            "lines, but no live record: nothing to upload"
+        );
+        drop(j);
+        // A damaged line may have been a record; a record of the older form is one.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(LOG))
+            .unwrap();
+        f.write_all(b"00000000 {\"put\":{}}\nnext\n").unwrap();
+        assert!(holds_records(dir.path()).unwrap());
+        let before = std::fs::read_dir(dir.path()).unwrap().count();
+        let other = dir.path().join("old");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join(format!("{:016x}.json", 3)), b"{}").unwrap();
+        assert!(holds_records(&other).unwrap());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            before + 1,
+            "no copy set aside"
         );
     }
 
