@@ -9,7 +9,10 @@
 #      request, plus the store and prefetch counters;
 #   2. FILES files of 4 KiB written and closed, then all uploaded (files/s): the write path's
 #      gauges and the store's request counters and histogram.
-# Prints medians side by side, the ratio, and a scrape's size. Needs root and /dev/fuse.
+# The two mounts take turns going first, and each run deletes its small files again, so neither
+# side always meets a fuller bucket (the emulator slows down as objects pile up). Prints each
+# run's figures, then medians side by side, the ratio, and a scrape's size. Needs root and
+# /dev/fuse.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
@@ -70,13 +73,20 @@ one_run() {  # label, extra flags...
   if [ "$label" = on ]; then
     SCRAPE_BYTES=$(curl -s "http://127.0.0.1:$PORT/metrics" | wc -c)
   fi
+  rm -rf "$MNT/small-$label-$r"
+  "$BD" status "$MNT" --wait >/dev/null
   unmount_bd
 }
 
 for r in $(seq "$RUNS"); do
-  echo "run $r/$RUNS" >&2
-  one_run off
-  one_run on --metrics-addr "127.0.0.1:$PORT"
+  if [ $((r % 2)) = 1 ]; then
+    one_run off
+    one_run on --metrics-addr "127.0.0.1:$PORT"
+  else
+    one_run on --metrics-addr "127.0.0.1:$PORT"
+    one_run off
+  fi
+  echo "run $r/$RUNS: read MB/s off/on $(awk '{print $NF}' <<<"${R[read_off]}")/$(awk '{print $NF}' <<<"${R[read_on]}"), files/s off/on $(awk '{print $NF}' <<<"${R[small_off]}")/$(awk '{print $NF}' <<<"${R[small_on]}")" >&2
 done
 
 echo
