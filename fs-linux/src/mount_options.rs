@@ -66,7 +66,9 @@ pub fn rewrite(
     let Some(first) = args.get(1).and_then(|a| a.to_str()) else {
         return Ok(args);
     };
-    let helper_form = !first.starts_with('-') && !subcommands.iter().any(|s| s == first);
+    let helper_form = !first.starts_with('-')
+        && !subcommands.iter().any(|s| s == first)
+        && !looks_like_a_mistyped_subcommand(first, &args, subcommands);
     let is_mount = helper_form || first == "mount";
     if !is_mount {
         return Ok(args);
@@ -97,6 +99,37 @@ pub fn rewrite(
         }
     }
     Ok(out)
+}
+
+/// A first word one or two letters away from a subcommand (`stauts`), with no `-o` anywhere,
+/// is a typo rather than a bucket: clap then says "did you mean". `mount.fuse3` always passes
+/// `-o`, so the mount-helper form is never mistaken for one.
+fn looks_like_a_mistyped_subcommand(
+    first: &str,
+    args: &[OsString],
+    subcommands: &[String],
+) -> bool {
+    let has_o = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .any(|a| a.starts_with("-o") && !a.starts_with("--"));
+    !has_o && subcommands.iter().any(|s| edit_distance(first, s) <= 2)
+}
+
+/// Levenshtein distance, for the few short words above.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// One `-o` option as zero or one `--flag[=value]` argument.
@@ -180,6 +213,18 @@ mod tests {
         assert_eq!(err, "unknown mount option \"frobnicate\"");
         let err = run(&["bucketdrive", "b", "/m", "-o", "-x"]).unwrap_err();
         assert!(err.contains("\"-x\""), "{err}");
+    }
+
+    #[test]
+    fn a_mistyped_subcommand_is_left_to_clap_unless_o_says_mount() {
+        let args = ["bucketdrive", "stauts", "/m"];
+        assert_eq!(run(&args).unwrap(), args);
+        let got = run(&["bucketdrive", "stauts", "/m", "-o", "rw"]).unwrap();
+        assert_eq!(got, ["bucketdrive", "mount", "stauts", "/m"]);
+        let got = run(&["bucketdrive", "my-bucket", "/m"]).unwrap();
+        assert_eq!(got, ["bucketdrive", "mount", "my-bucket", "/m"]);
+        assert_eq!(edit_distance("stauts", "status"), 2);
+        assert_eq!(edit_distance("", "ab"), 2);
     }
 
     #[test]
