@@ -22,13 +22,25 @@ pub struct Counters {
 /// The window the current upload throughput is measured over.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
+/// Each outcome is recorded once, here: in the status counters and in the metrics.
 impl Counters {
     pub(super) fn record_upload(&self, size: u64) {
+        crate::metrics::uploaded(size);
         self.uploaded_bytes.fetch_add(size, Ordering::Relaxed);
         self.uploaded_files.fetch_add(1, Ordering::Relaxed);
         let mut recent = self.recent.lock();
         recent.push_back((Instant::now(), size));
         Self::prune(&mut recent);
+    }
+
+    pub(super) fn record_failure(&self) {
+        crate::metrics::upload_failed();
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn record_conflict(&self) {
+        crate::metrics::conflict();
+        self.conflicts.fetch_add(1, Ordering::Relaxed);
     }
 
     fn prune(recent: &mut VecDeque<(Instant, u64)>) {

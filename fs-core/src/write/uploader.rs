@@ -12,8 +12,9 @@
 //! - failed: the item backs off (the scheduler owns the wait), its upload progress and the fact
 //!   that this version may have landed are journaled, and it is retried. Nothing is dropped.
 //!
-//! The outcomes are counted here as they are filed ([`crate::metrics`]: uploads and their
-//! bytes, failures, conflicts), and a file counts as a pending upload while its task lives.
+//! The outcomes are counted here as they are filed (the status counters, which also feed
+//! [`crate::metrics`]: uploads and their bytes, failures, conflicts), and a file counts as a
+//! pending upload while its task lives.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -201,8 +202,7 @@ impl<S: ObjectStore> WriteBack<S> {
             Ok(Outcome::Uploaded(meta)) | Ok(Outcome::Conflict(meta)) => {
                 let conflict = meta.key != it.key;
                 if conflict {
-                    self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                    crate::metrics::conflict();
+                    self.counters.record_conflict();
                     tracing::error!(key = %it.key, saved_as = %meta.key, "conflict: our version was saved beside the bucket's");
                     // Later changes to this file start from whatever is now in the bucket.
                     it.base = None;
@@ -232,7 +232,6 @@ impl<S: ObjectStore> WriteBack<S> {
                 // A version kept apart for this upload no longer takes space.
                 self.recharge(shared, &it);
                 self.counters.record_upload(v.size);
-                crate::metrics::uploaded(v.size);
                 (self.on_settled)(&it.key, (!conflict).then_some(&meta));
                 shared.progress.send_modify(|p| {
                     p.uploaded = p.uploaded.max(v.seq);
@@ -255,8 +254,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 shared.progress.send_modify(|p| p.attempts += 1);
             }
             Err(e) => {
-                self.counters.failures.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::upload_failed();
+                self.counters.record_failure();
                 let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
                 it.note_maybe_landed(&v);
                 if current && it.life == Life::Live {
