@@ -91,6 +91,15 @@ impl Scratch {
     fn log(&self) -> PathBuf {
         self.dir.path().join("logs").join("bucketdrive.log")
     }
+    /// `bucketdrive mount BUCKET <mnt>` against `emu`, staging in this scratch's cache, as root.
+    fn mount_cmd(&self, emu: &Emulator, bucket: &str) -> Command {
+        let mut c = Command::new(self.bin());
+        c.args(["mount", bucket])
+            .arg(self.mnt())
+            .args(["--endpoint", &emu.url(), "--anonymous", "--cache-dir"])
+            .arg(self.cache());
+        c
+    }
     fn log_text(&self) -> String {
         std::fs::read_to_string(self.log()).unwrap_or_default()
     }
@@ -316,11 +325,8 @@ fn root_mounts_for_another_user_with_allow_other() -> Result<()> {
     let mnt = s.mnt();
     let _guard = Unmounter(mnt.clone());
     let mnt_s = mnt.to_string_lossy().to_string();
-    let out = Command::new(s.bin())
-        .args(["mount", "othermount"])
-        .arg(&mnt)
-        .args(["--endpoint", &emu.url(), "--anonymous", "--cache-dir"])
-        .arg(s.cache())
+    let out = s
+        .mount_cmd(&emu, "othermount")
         .args(["--uid", &uid.to_string(), "--gid", &gid.to_string()])
         .arg("--allow-other")
         .output()?;
@@ -483,11 +489,8 @@ fn systemd_hears_ready_only_once_the_mount_answers() -> Result<()> {
     let sock = UnixDatagram::bind(&sock_path)?;
     sock.set_read_timeout(Some(Duration::from_secs(30)))?;
     // No --foreground: under a service manager the process stays attached by itself.
-    let mut child = Command::new(s.bin())
-        .args(["mount", "notify"])
-        .arg(&mnt)
-        .args(["--endpoint", &emu.url(), "--anonymous", "--cache-dir"])
-        .arg(s.cache())
+    let mut child = s
+        .mount_cmd(&emu, "notify")
         .env("NOTIFY_SOCKET", &sock_path)
         .env_remove("STORAGE_EMULATOR_HOST")
         .stdout(Stdio::null())
@@ -546,11 +549,8 @@ fn an_inherited_notify_socket_does_not_keep_mount_attached() -> Result<()> {
     sock.set_nonblocking(true)?;
     // A mount run from a shell inside some notify service: systemd names that service's own
     // process in SYSTEMD_EXEC_PID, which is not us, so we detach as usual and say nothing.
-    let out = Command::new(s.bin())
-        .args(["mount", "inherited"])
-        .arg(&mnt)
-        .args(["--endpoint", &emu.url(), "--anonymous", "--cache-dir"])
-        .arg(s.cache())
+    let out = s
+        .mount_cmd(&emu, "inherited")
         .env("NOTIFY_SOCKET", &sock_path)
         .env("SYSTEMD_EXEC_PID", "1")
         .output()?;
