@@ -24,8 +24,11 @@ pub struct MountConfig {
     pub dir_mode: u16,
     /// Size of one prefetch part (one ranged GET).
     pub read_part_size: u64,
-    /// Ranged GETs in flight per open file when reading sequentially.
+    /// Ranged GETs in flight per open file when reading sequentially: where probing starts,
+    /// or the fixed number when `read_concurrency_max` is the same.
     pub read_concurrency: usize,
+    /// Most ranged GETs per open file that probing may reach.
+    pub read_concurrency_max: usize,
     /// Bytes of prefetched data allowed across all open files.
     pub max_read_memory: u64,
     /// Free space reported by statfs; never 0, because some programs refuse to copy then.
@@ -51,6 +54,7 @@ impl MountConfig {
             dir_mode: 0o755,
             read_part_size: 8 * 1024 * 1024,
             read_concurrency: 8,
+            read_concurrency_max: 32,
             max_read_memory: 1024 * 1024 * 1024,
             reported_free_bytes: 1 << 50,
             rename_dir_limit: 10_000,

@@ -94,7 +94,11 @@ impl<S: ObjectStore> Filesystem<S> {
         let cfg = Arc::new(cfg);
         Filesystem {
             budget: ReadBudget::new(cfg.max_read_memory),
-            prefetch: PrefetchConfig::new(cfg.read_part_size, cfg.read_concurrency),
+            prefetch: PrefetchConfig::adaptive(
+                cfg.read_part_size,
+                cfg.read_concurrency,
+                cfg.read_concurrency_max,
+            ),
             ns: Namespace::new(store, cfg.clone()),
             cfg,
             write: None,
@@ -198,8 +202,12 @@ impl<S: ObjectStore> Filesystem<S> {
         self.ns.forget(ino, n);
     }
 
-    pub async fn opendir(&self, ino: Ino) -> FsResult<u64> {
+    /// Opens a directory for listing. `keep_cache`: the kernel's cached listing of it, from an
+    /// earlier whole pass, is still good (see `MetaCache::kernel_listing_fresh`); the kernel
+    /// may answer `readdir` from it without asking us.
+    pub async fn opendir(&self, ino: Ino) -> FsResult<Opened> {
         let (path, _) = self.ns.inode_path(ino)?;
+        let keep_cache = self.ns.kernel_listing_fresh(ino);
         let mut local = Vec::new();
         if let Some(w) = &self.write {
             let prefix = self.ns.dir_key_prefix(&path);
@@ -212,7 +220,7 @@ impl<S: ObjectStore> Filesystem<S> {
         self.dirs
             .lock()
             .insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
-        Ok(fh)
+        Ok(Opened { fh, keep_cache })
     }
 
     /// Entries after `offset`. With `plus`, the caller must call [`Self::remember`] for each

@@ -429,7 +429,13 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.opendir(ino.0).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Ok(o) => {
+                    let mut f = FopenFlags::FOPEN_CACHE_DIR;
+                    if o.keep_cache {
+                        f |= FopenFlags::FOPEN_KEEP_CACHE;
+                    }
+                    reply.opened(FileHandle(o.fh), f)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

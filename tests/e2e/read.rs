@@ -340,3 +340,61 @@ fn startup_errors_are_one_clear_line_and_nonzero() -> Result<()> {
     assert!(!bucketdrive_tests::is_mounted(dir.path()));
     Ok(())
 }
+
+/// Names in `dir`, sorted, as `ls` gives them.
+fn names_in(dir: &std::path::Path) -> Result<Vec<String>> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    v.sort();
+    Ok(v)
+}
+
+/// Listings a request made the mount send, from its debug log.
+fn list_requests(m: &Mount) -> usize {
+    m.log_text()
+        .lines()
+        .filter(|l| l.contains("op=\"list\""))
+        .filter(|l| l.contains("d/") || l.contains("key=\"d"))
+        .count()
+}
+
+/// An unchanged listing is answered by the kernel's own directory cache, with no request; a
+/// change made through the mount shows at once, and one made by another client once the stat
+/// TTL has passed.
+#[test]
+fn unchanged_listings_are_cached_in_the_kernel() -> Result<()> {
+    let emu = setup("dircache")?;
+    emu.put("dircache", "d/a", b"a")?;
+    emu.put("dircache", "d/b", b"b")?;
+    let m = Mount::new(
+        &emu,
+        "dircache",
+        &["--stat-ttl", "3s", "--log-level", "debug"],
+    )?;
+    let d = m.path().join("d");
+    assert_eq!(names_in(&d)?, ["a", "b"]);
+    let after_first = list_requests(&m);
+    assert!(after_first >= 1, "the first listing asks the bucket");
+    for _ in 0..5 {
+        assert_eq!(names_in(&d)?, ["a", "b"]);
+    }
+    assert_eq!(
+        list_requests(&m),
+        after_first,
+        "unchanged listings come from the kernel's cache"
+    );
+
+    // Changes through the mount show at once.
+    std::fs::write(d.join("c"), b"c")?;
+    assert_eq!(names_in(&d)?, ["a", "b", "c"]);
+    std::fs::remove_file(d.join("a"))?;
+    assert_eq!(names_in(&d)?, ["b", "c"]);
+
+    // Another client's change shows once the stat TTL has passed.
+    m.wait_uploaded(Duration::from_secs(30))?;
+    emu.put("dircache", "d/z", b"z")?;
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(names_in(&d)?, ["b", "c", "z"]);
+    m.unmount()
+}

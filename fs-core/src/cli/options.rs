@@ -32,9 +32,13 @@ pub struct CommonArgs {
     /// Size of one read-ahead part (one ranged GET).
     #[arg(long, value_parser = parse_size, default_value = "8MiB")]
     pub read_part_size: u64,
-    /// Ranged GETs in flight per file while reading sequentially.
-    #[arg(long, default_value_t = 8)]
-    pub read_concurrency: usize,
+    /// Ranged GETs in flight per file while reading sequentially, fixed. Default: found per
+    /// file, starting at 8 and doubling while throughput grows, up to --max-read-concurrency.
+    #[arg(long)]
+    pub read_concurrency: Option<usize>,
+    /// Most ranged GETs in flight per file when the number is found per file.
+    #[arg(long, default_value_t = 32)]
+    pub max_read_concurrency: usize,
     /// Memory for read-ahead, shared by all open files.
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     pub max_read_memory: u64,
@@ -115,7 +119,16 @@ impl CommonArgs {
         cfg.stat_ttl = self.stat_ttl;
         cfg.negative_ttl = self.negative_ttl;
         cfg.read_part_size = self.read_part_size;
-        cfg.read_concurrency = self.read_concurrency;
+        match self.read_concurrency {
+            Some(n) => {
+                cfg.read_concurrency = n.max(1);
+                cfg.read_concurrency_max = n.max(1);
+            }
+            None => {
+                cfg.read_concurrency_max = self.max_read_concurrency.max(1);
+                cfg.read_concurrency = cfg.read_concurrency.min(cfg.read_concurrency_max);
+            }
+        }
         cfg.max_read_memory = self.max_read_memory;
         cfg.rename_dir_limit = self.rename_dir_limit;
         cfg.reported_free_bytes = self.free_space.max(1 << 20);

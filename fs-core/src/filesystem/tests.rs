@@ -252,7 +252,7 @@ async fn readdir_shows_files_not_yet_uploaded() {
     wc.cache_dir = dir.path().join("c");
     let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wc).unwrap();
     write_file(&fs, ROOT_INO, "new", b"12345").await;
-    let fh = fs.opendir(ROOT_INO).await.unwrap();
+    let fh = fs.opendir(ROOT_INO).await.unwrap().fh;
     let mut entries = Vec::new();
     let mut offset = 0;
     loop {
@@ -684,7 +684,7 @@ async fn new_names_in_a_listed_directory_cost_no_requests() {
     assert_eq!(reads(), before, "no lookups went to the bucket");
 
     let listed = fs.lookup(ROOT_INO, "listed").await.unwrap();
-    let fh = fs.opendir(listed.ino).await.unwrap();
+    let fh = fs.opendir(listed.ino).await.unwrap().fh;
     let mut offset = 0;
     while let Some(last) = fs.readdir(fh, offset).await.unwrap().last() {
         offset = last.offset;
@@ -789,7 +789,7 @@ async fn symlinks_are_marked_objects_that_survive_rename() {
     assert_eq!(fs.readlink(m.ino).await.unwrap(), "target.txt");
     // A fresh mount sees it as a link too, from a listing.
     let fresh = writable(&store, &dir.path().join("2"));
-    let fh = fresh.opendir(ROOT_INO).await.unwrap();
+    let fh = fresh.opendir(ROOT_INO).await.unwrap().fh;
     let mut kinds: Vec<(String, Kind)> = Vec::new();
     let mut offset = 0;
     loop {

@@ -58,6 +58,7 @@ fn a_reader_counts_hits_misses_fetched_bytes_and_its_budget() {
         let cfg = PrefetchConfig {
             part_size: 64 * 1024,
             concurrency: 4,
+            max_concurrency: 4,
             initial_window: 16 * 1024,
             align: 4096,
             slack: 128 * 1024,

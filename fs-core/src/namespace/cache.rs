@@ -41,7 +41,7 @@ impl Entry {
     }
 }
 
-/// The two metadata caches of one mount.
+/// The metadata caches of one mount.
 pub struct MetaCache {
     stat: Cache<String, Entry>,
     negative: Cache<String, ()>,
@@ -50,6 +50,11 @@ pub struct MetaCache {
     /// Directories listed within the stat TTL: worth listing again when `listed` expires,
     /// rather than asking the bucket about each name.
     recent: Cache<String, ()>,
+    /// Directory path -> the names of its last whole listing, which the kernel holds in its
+    /// own directory cache (`FOPEN_CACHE_DIR`). For the stat TTL the kernel may keep answering
+    /// `readdir` from it, unless we learn that a name came or went (see
+    /// [`Self::kernel_listing_fresh`]).
+    kernel: Cache<String, Arc<HashSet<String>>>,
 }
 
 /// Splits a path into its directory and its last component.
@@ -86,6 +91,36 @@ impl MetaCache {
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
                 .support_invalidation_closures()
                 .build(),
+            kernel: Cache::builder()
+                .max_capacity(capacity)
+                .weigher(|_, names: &Arc<HashSet<String>>| {
+                    u32::try_from(names.len() + 1).unwrap_or(u32::MAX)
+                })
+                .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
+                .support_invalidation_closures()
+                .build(),
+        }
+    }
+
+    /// The kernel now holds `names` as the whole listing of `dir`.
+    pub fn note_kernel_listing(&self, dir: &str, names: Arc<HashSet<String>>) {
+        self.kernel.insert(dir.to_string(), names);
+    }
+
+    /// Whether the kernel's copy of `dir`'s listing is still good: made within the stat TTL,
+    /// and no name has come or gone since, as far as this mount has seen.
+    pub fn kernel_listing_fresh(&self, dir: &str) -> bool {
+        self.kernel.contains_key(dir)
+    }
+
+    /// `path` exists (`present`) or not: the kernel's listing of its directory is stale if it
+    /// says otherwise.
+    fn check_kernel_listing(&self, path: &str, present: bool) {
+        let (dir, name) = split(path);
+        if let Some(names) = self.kernel.get(dir) {
+            if names.contains(name) != present {
+                self.kernel.invalidate(dir);
+            }
         }
     }
 
@@ -123,6 +158,7 @@ impl MetaCache {
     }
 
     pub fn insert(&self, path: &str, entry: Entry) {
+        self.check_kernel_listing(path, true);
         self.negative.invalidate(path);
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().insert(name.to_string());
@@ -143,6 +179,7 @@ impl MetaCache {
     }
 
     pub fn insert_missing(&self, path: &str) {
+        self.check_kernel_listing(path, false);
         self.stat.invalidate(path);
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().remove(name);
@@ -156,6 +193,7 @@ impl MetaCache {
         self.stat.invalidate(path);
         self.negative.invalidate(path);
         self.listed.invalidate(split(path).0);
+        self.kernel.invalidate(split(path).0);
     }
 
     /// Forgets everything at or under the directory `path` (after a directory rename).
@@ -163,7 +201,7 @@ impl MetaCache {
         let dir = format!("{path}/");
         let p = path.to_string();
         let pred = move |k: &String| *k == p || k.starts_with(&dir);
-        let (pred2, pred3, pred4) = (pred.clone(), pred.clone(), pred.clone());
+        let (pred2, pred3, pred4, pred5) = (pred.clone(), pred.clone(), pred.clone(), pred.clone());
         // Each cache is built with invalidation closures, so these cannot fail; one that did
         // would leave a removed name answering for up to a TTL.
         let results = [
@@ -177,7 +215,12 @@ impl MetaCache {
             self.recent
                 .invalidate_entries_if(move |k, _| pred4(k))
                 .err(),
+            self.kernel
+                .invalidate_entries_if(move |k, _| pred5(k))
+                .err(),
         ];
+        // The parent's listing in the kernel still shows the tree, or not yet: ask again.
+        self.kernel.invalidate(split(path).0);
         for e in results.into_iter().flatten() {
             tracing::error!(error = %e, "a cache could not forget a removed tree");
         }

@@ -357,6 +357,13 @@ impl<S: ObjectStore> Namespace<S> {
         Ok(s)
     }
 
+    /// Whether the kernel may keep serving `ino`'s listing from its own cache: see
+    /// [`cache::MetaCache::kernel_listing_fresh`].
+    pub fn kernel_listing_fresh(&self, ino: Ino) -> bool {
+        self.inode_path(ino)
+            .is_ok_and(|(path, _)| self.cache.kernel_listing_fresh(&path))
+    }
+
     /// The listing prefix of the directory at `path`, as an object-key prefix.
     pub fn dir_key_prefix(&self, path: &str) -> String {
         self.dir_prefix(path)
@@ -454,6 +461,8 @@ impl<S: ObjectStore> Namespace<S> {
         }
         if stream.listing.is_done() {
             if let Some(seen) = stream.seen.take() {
+                self.cache
+                    .note_kernel_listing(&stream.path, Arc::new(seen.clone()));
                 self.cache.insert_listing(&stream.path, seen);
             }
             // Files being written that the bucket does not list yet.

@@ -15,7 +15,7 @@ fn fs_with(store: Arc<MemoryStore>, prefix: &str) -> Filesystem<MemoryStore> {
 /// Lists a whole directory through the facade, taking `take` entries per call like a kernel
 /// with a small buffer, and returns (name, kind, size) sorted.
 async fn list(fs: &Filesystem<MemoryStore>, ino: u64, take: usize) -> Vec<(String, Kind, u64)> {
-    let fh = fs.opendir(ino).await.unwrap();
+    let fh = fs.opendir(ino).await.unwrap().fh;
     let mut out = Vec::new();
     let mut offset = 0;
     loop {
@@ -213,4 +213,68 @@ async fn forget_releases_inodes() {
     assert_eq!(fs.namespace().inode_count(), base + 1);
     fs.forget(f.ino, 2);
     assert_eq!(fs.namespace().inode_count(), base);
+}
+
+/// The kernel may answer `readdir` from its own cache (`FOPEN_KEEP_CACHE` on a directory) only
+/// while the listing it holds is known good: after a whole pass, within the stat TTL, and until
+/// a name is seen to come or go.
+#[tokio::test]
+async fn kernel_keeps_a_listing_only_while_it_is_unchanged() {
+    let store = Arc::new(MemoryStore::new());
+    store.insert("d/a", vec![1u8; 3]);
+    store.insert("d/b", vec![2u8; 3]);
+    let mut cfg = MountConfig::new("bkt");
+    cfg.stat_ttl = Duration::from_millis(400);
+    cfg.negative_ttl = Duration::from_millis(50);
+    let fs = Filesystem::new(store.clone(), cfg);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+
+    let first = fs.opendir(d.ino).await.unwrap();
+    assert!(
+        !first.keep_cache,
+        "never listed: nothing in the kernel to keep"
+    );
+    fs.releasedir(first.fh);
+    let names: Vec<_> = list(&fs, d.ino, 100)
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    let again = fs.opendir(d.ino).await.unwrap();
+    assert!(again.keep_cache, "listed whole just now and unchanged");
+    fs.releasedir(again.fh);
+
+    // Another client adds a name; a lookup finds it: the kernel's listing lacks it.
+    store.insert("d/c", vec![3u8; 3]);
+    tokio::time::sleep(Duration::from_millis(60)).await; // the listing stops vouching for misses
+    fs.lookup(d.ino, "c").await.unwrap();
+    let after_new = fs.opendir(d.ino).await.unwrap();
+    assert!(
+        !after_new.keep_cache,
+        "a name came that the kernel's listing lacks"
+    );
+    fs.releasedir(after_new.fh);
+    assert_eq!(list(&fs, d.ino, 100).await.len(), 3);
+    assert!(fs.opendir(d.ino).await.unwrap().keep_cache);
+
+    // A name the listing has turns out gone.
+    crate::store::ObjectStore::delete(store.as_ref(), "d/a", crate::store::Precondition::None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let expired = fs.opendir(d.ino).await.unwrap();
+    assert!(!expired.keep_cache, "older than the stat TTL");
+    fs.releasedir(expired.fh);
+    assert_eq!(list(&fs, d.ino, 100).await.len(), 2);
+    assert!(fs.opendir(d.ino).await.unwrap().keep_cache);
+    assert_eq!(
+        fs.lookup(d.ino, "zz").await.unwrap_err(),
+        FsError::NotFound,
+        "a name the listing never had"
+    );
+    assert!(
+        fs.opendir(d.ino).await.unwrap().keep_cache,
+        "a miss the listing agrees with changes nothing"
+    );
 }

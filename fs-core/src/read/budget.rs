@@ -6,6 +6,12 @@
 //! of running the process out of memory, and no reader can wait forever on memory that another,
 //! idle handle holds.
 //!
+//! Readers also get a fair share: a reader streaming ahead ([`ReadBudget::join`]) holds at most
+//! the budget divided by the readers streaming at that moment ([`ReadBudget::fair_share`]). The
+//! first reader of a quiet mount may use the whole budget for many streams; when others start,
+//! each keeps its window within its share, so a new reader finds room instead of falling back
+//! to demand reads while one early reader holds everything.
+//!
 //! The bytes in use are mirrored in `bucketdrive_read_budget_bytes_in_use` ([`crate::metrics`])
 //! at the two places they change: a reservation made, a reservation dropped.
 
@@ -17,6 +23,8 @@ struct Inner {
     total: u64,
     used: AtomicU64,
     peak: AtomicU64,
+    /// Readers streaming ahead now.
+    streaming: AtomicU64,
 }
 
 /// A byte budget with non-blocking reservations.
@@ -40,6 +48,7 @@ impl ReadBudget {
                 total,
                 used: AtomicU64::new(0),
                 peak: AtomicU64::new(0),
+                streaming: AtomicU64::new(0),
             }),
         }
     }
@@ -62,6 +71,20 @@ impl ReadBudget {
         })
     }
 
+    /// Counts a reader as streaming ahead until the token is dropped.
+    pub fn join(&self) -> Streaming {
+        self.inner.streaming.fetch_add(1, Ordering::AcqRel);
+        Streaming {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// The most one streaming reader should hold: the budget split evenly between the readers
+    /// streaming now.
+    pub fn fair_share(&self) -> u64 {
+        self.inner.total / self.inner.streaming.load(Ordering::Acquire).max(1)
+    }
+
     pub fn total(&self) -> u64 {
         self.inner.total
     }
@@ -73,6 +96,18 @@ impl ReadBudget {
     /// Highest `in_use` ever seen.
     pub fn peak(&self) -> u64 {
         self.inner.peak.load(Ordering::Acquire)
+    }
+}
+
+/// A reader's place among the streaming readers; see [`ReadBudget::join`].
+#[derive(Debug)]
+pub struct Streaming {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        self.inner.streaming.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -99,5 +134,20 @@ mod tests {
         drop(r2);
         assert_eq!(b.in_use(), 0);
         assert_eq!(b.peak(), 10);
+    }
+
+    #[test]
+    fn fair_share_splits_between_streaming_readers() {
+        let b = ReadBudget::new(1000);
+        assert_eq!(b.fair_share(), 1000);
+        let one = b.join();
+        assert_eq!(b.fair_share(), 1000);
+        let two = b.join();
+        let three = b.join();
+        assert_eq!(b.fair_share(), 333);
+        drop(two);
+        assert_eq!(b.fair_share(), 500);
+        drop((one, three));
+        assert_eq!(b.fair_share(), 1000);
     }
 }

@@ -3,8 +3,10 @@
 //!
 //! A *part* is one ranged GET of the object. While the reader moves forward, the window (bytes
 //! requested ahead of it) starts small, so a program that reads only a file's header pays for
-//! little, and doubles each time the reader finishes a part, up to `part_size × (concurrency + 1)`.
-//! Parts are fetched concurrently and handed out strictly in offset order.
+//! little, and doubles each time the reader finishes a part, up to `part_size × (streams + 1)`.
+//! Parts are fetched concurrently and handed out strictly in offset order. How many streams
+//! (parts in flight) a reader uses is [`super::streams::Streams`]'s choice, within the
+//! reader's fair share of the budget.
 //!
 //! A read inside the window is served from memory, including short hops forward and slightly
 //! out-of-order kernel requests. Any other seek drops the window; reads then fetch only what is
@@ -24,7 +26,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
-use super::budget::{ReadBudget, Reservation};
+use super::budget::{ReadBudget, Reservation, Streaming};
+use super::streams::Streams;
 use crate::error::{FsError, FsResult};
 use crate::store::{read_range, ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
 
@@ -33,8 +36,11 @@ use crate::store::{read_range, ObjectMeta, ObjectStore, StoreError, StoreErrorKi
 pub struct PrefetchConfig {
     /// Largest part (one ranged GET).
     pub part_size: u64,
-    /// Most parts in flight at once.
+    /// Parts in flight at once: the start of probing, or the fixed number.
     pub concurrency: usize,
+    /// Most parts in flight once probing has raised the number; equal to `concurrency` for a
+    /// fixed number.
+    pub max_concurrency: usize,
     /// First window size after sequential access is detected.
     pub initial_window: u64,
     /// Random reads are widened to this alignment.
@@ -45,26 +51,38 @@ pub struct PrefetchConfig {
 }
 
 impl PrefetchConfig {
+    /// A fixed `concurrency` parts in flight.
     pub fn new(part_size: u64, concurrency: usize) -> Self {
+        Self::adaptive(part_size, concurrency, concurrency)
+    }
+
+    /// Starts at `start` parts in flight and probes for more, up to `cap`.
+    pub fn adaptive(part_size: u64, start: usize, cap: usize) -> Self {
         let part_size = part_size.max(64 * 1024);
         PrefetchConfig {
             part_size,
-            concurrency: concurrency.max(1),
+            concurrency: start.max(1),
+            max_concurrency: cap.max(start).max(1),
             initial_window: (1024 * 1024).min(part_size),
             align: 64 * 1024,
             slack: 4 * 1024 * 1024,
         }
     }
 
-    /// The window counts the part being read as well as those ahead of it, so one extra part
-    /// keeps `concurrency` GETs in flight while the reader consumes the current one.
-    fn max_window(&self) -> u64 {
-        self.part_size * (self.concurrency as u64 + 1)
+    fn streams(&self) -> Streams {
+        if self.max_concurrency > self.concurrency {
+            Streams::adaptive(self.concurrency, self.max_concurrency)
+        } else {
+            Streams::fixed(self.concurrency)
+        }
     }
 }
 
+/// A fetch's bytes and how long the request took.
+type Fetched = (StoreResult<Bytes>, std::time::Duration);
+
 enum PartState {
-    Pending(JoinHandle<StoreResult<Bytes>>),
+    Pending(JoinHandle<Fetched>),
     Ready(Bytes),
 }
 
@@ -72,6 +90,9 @@ struct Part {
     start: u64,
     end: u64,
     state: PartState,
+    /// The stream count when this part started, and whether that many were in flight.
+    level: usize,
+    full: bool,
     /// Budget held for this part, released when it is dropped.
     _reservation: Reservation,
 }
@@ -91,6 +112,8 @@ pub struct ReaderStats {
     pub demand_fetches: u64,
     pub window_resets: u64,
     pub crc_verified: bool,
+    /// Most parts this reader has had in flight at once.
+    pub peak_streams: usize,
 }
 
 /// Reads one generation of one object for one open handle.
@@ -102,6 +125,10 @@ pub struct Reader<S: ObjectStore> {
     object_crc: Option<u32>,
     budget: ReadBudget,
     cfg: PrefetchConfig,
+    /// How many parts to keep in flight.
+    streams: Streams,
+    /// This reader's place among the streaming readers, while it has a window.
+    streaming: Option<Streaming>,
     /// Contiguous parts, ascending, ending at `next_fetch`.
     parts: VecDeque<Part>,
     next_fetch: u64,
@@ -128,6 +155,8 @@ impl<S: ObjectStore> Reader<S> {
             size: meta.size,
             object_crc: meta.crc32c,
             budget,
+            streams: cfg.streams(),
+            streaming: None,
             cfg,
             parts: VecDeque::new(),
             next_fetch: 0,
@@ -147,6 +176,22 @@ impl<S: ObjectStore> Reader<S> {
 
     pub fn stats(&self) -> ReaderStats {
         self.stats
+    }
+
+    /// Parts to keep in flight now: the streams chosen, within this reader's fair share of the
+    /// budget (which leaves room for the part being read).
+    fn concurrency(&self) -> usize {
+        let share_parts = self.budget.fair_share() / self.cfg.part_size;
+        let by_share = share_parts.saturating_sub(1).max(1);
+        self.streams
+            .level()
+            .min(usize::try_from(by_share).unwrap_or(usize::MAX))
+    }
+
+    /// The window counts the part being read as well as those ahead of it, so one extra part
+    /// keeps `concurrency` GETs in flight while the reader consumes the current one.
+    fn max_window(&self) -> u64 {
+        self.cfg.part_size * (self.concurrency() as u64 + 1)
     }
 
     /// Bytes this reader holds in parts, reserved or not.
@@ -203,10 +248,12 @@ impl<S: ObjectStore> Reader<S> {
         self.parts.clear();
         self.crc = None;
         self.window = self.cfg.initial_window;
+        self.streaming = None;
     }
 
     fn reset_window(&mut self, offset: u64) {
         self.drop_window();
+        self.streaming = Some(self.budget.join());
         let start = offset - offset % self.cfg.align;
         self.next_fetch = start;
         self.grown_to = start;
@@ -217,6 +264,8 @@ impl<S: ObjectStore> Reader<S> {
     /// Starts parts until the window is full, the concurrency limit is reached, or the budget
     /// refuses. Returns false if a part covering bytes before `needed` did not fit the budget.
     fn top_up(&mut self, reader_at: u64, needed: u64) -> bool {
+        let concurrency = self.concurrency();
+        let window = self.window.min(self.max_window());
         while self.next_fetch < self.size {
             let ahead = self.next_fetch.saturating_sub(reader_at);
             let must = self.next_fetch < needed;
@@ -225,16 +274,20 @@ impl<S: ObjectStore> Reader<S> {
                 .iter()
                 .filter(|p| matches!(p.state, PartState::Pending(_)))
                 .count();
-            if !must && (ahead >= self.window || in_flight >= self.cfg.concurrency) {
+            if !must && (ahead >= window || in_flight >= concurrency) {
                 break;
             }
             let len = self
                 .cfg
                 .part_size
-                .min(self.window)
+                .min(window)
                 .min(self.size - self.next_fetch);
             match self.budget.try_reserve(len) {
-                Some(r) => self.spawn_part(self.next_fetch, self.next_fetch + len, r),
+                Some(r) => {
+                    let full = in_flight + 1 >= self.streams.level();
+                    self.spawn_part(self.next_fetch, self.next_fetch + len, r, full);
+                    self.stats.peak_streams = self.stats.peak_streams.max(in_flight + 1);
+                }
                 None if must => return false,
                 None => break,
             }
@@ -242,18 +295,21 @@ impl<S: ObjectStore> Reader<S> {
         true
     }
 
-    fn spawn_part(&mut self, start: u64, end: u64, reservation: Reservation) {
+    fn spawn_part(&mut self, start: u64, end: u64, reservation: Reservation, full: bool) {
         let store = self.store.clone();
         let key = self.key.clone();
         let generation = self.generation;
-        let handle =
-            tokio::spawn(
-                async move { read_range(store.as_ref(), &key, generation, start..end).await },
-            );
+        let handle = tokio::spawn(async move {
+            let began = tokio::time::Instant::now();
+            let got = read_range(store.as_ref(), &key, generation, start..end).await;
+            (got, began.elapsed())
+        });
         self.parts.push_back(Part {
             start,
             end,
             state: PartState::Pending(handle),
+            level: self.streams.level(),
+            full,
             _reservation: reservation,
         });
         self.next_fetch = end;
@@ -272,10 +328,11 @@ impl<S: ObjectStore> Reader<S> {
             self.parts.pop_front();
         }
         // Each part the reader finishes doubles the window, up to its maximum.
+        let max_window = self.max_window();
         for p in &self.parts {
             if p.end <= end && p.end > self.grown_to {
                 self.grown_to = p.end;
-                self.window = (self.window * 2).min(self.cfg.max_window());
+                self.window = (self.window * 2).min(max_window);
             }
         }
         // Whether the window had requested all of this read before it came.
@@ -335,12 +392,16 @@ impl<S: ObjectStore> Reader<S> {
         Ok(data)
     }
 
-    /// Waits for part `i` and returns its bytes.
+    /// Waits for part `i` and returns its bytes. A part that had to be waited for and its
+    /// timing feed the stream-count probe.
     async fn ready(&mut self, i: usize) -> StoreResult<Bytes> {
         let part = &mut self.parts[i];
         if let PartState::Pending(h) = &mut part.state {
-            let bytes = match h.await {
-                Ok(r) => r?,
+            if !h.is_finished() {
+                self.streams.note_starved();
+            }
+            let (bytes, elapsed) = match h.await {
+                Ok((r, elapsed)) => (r?, elapsed),
                 Err(e) => {
                     return Err(StoreError::new(
                         StoreErrorKind::Other,
@@ -348,8 +409,13 @@ impl<S: ObjectStore> Reader<S> {
                     ))
                 }
             };
+            let (level, full, len) = (part.level, part.full, bytes.len() as u64);
             part.state = PartState::Ready(bytes);
+            if let Some(now) = self.streams.record(level, full, len, elapsed) {
+                tracing::debug!(key = %self.key, streams = now, "read streams changed");
+            }
         }
+        let part = &self.parts[i];
         match &part.state {
             PartState::Ready(b) => Ok(b.clone()),
             PartState::Pending(_) => Err(StoreError::new(StoreErrorKind::Other, "part not ready")),

@@ -16,6 +16,8 @@
 //!   requests of that operation on that key came before, so it does not depend on how requests
 //!   to other keys interleave.
 //! - [`MemoryStore::set_offline`]: every request fails before its effect (a dead link).
+//! - [`MemoryStore::set_link`]: reads take the time a shaped link would give them (a latency,
+//!   a per-stream rate, a total rate shared by the streams), on tokio's clock.
 //!
 //! Every effect is applied at one point under the lock, so a request whose future is dropped
 //! part-way either happened whole or not at all.
@@ -33,6 +35,17 @@ use super::{
     ByteStream, ChunkOutcome, ListPage, ListRequest, ObjectMeta, ObjectStore, Precondition,
     ResumableSession, StoreError, StoreErrorKind, StoreResult, WriteOptions,
 };
+
+/// A link that reads pass through: see [`MemoryStore::set_link`].
+#[derive(Debug, Clone, Copy)]
+pub struct LinkModel {
+    /// Before the first byte of each read.
+    pub latency: Duration,
+    /// Bytes per second one stream can carry.
+    pub per_stream: f64,
+    /// Bytes per second all streams together can carry.
+    pub total: f64,
+}
 
 #[derive(Debug, Clone)]
 struct Stored {
@@ -160,6 +173,9 @@ pub struct MemoryStore {
     finished: Mutex<HashMap<String, ObjectMeta>>,
     /// The next this-many last chunks of resumable uploads land, then lose their answer.
     lose_final_answers: AtomicU64,
+    link: Mutex<Option<LinkModel>>,
+    /// Reads passing through the link now.
+    streams: AtomicU64,
     pub counts: RequestCounts,
 }
 
@@ -186,6 +202,13 @@ impl MemoryStore {
     /// their last chunk (a later query of the session answers with the object, as GCS does).
     pub fn lose_final_answers(&self, n: u64) {
         self.lose_final_answers.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes every later read take the time `link` gives it: its latency, then its bytes at
+    /// the per-stream rate or an even share of the total, whichever is lower, as counted when
+    /// the read starts (`None`: instant).
+    pub fn set_link(&self, link: Option<LinkModel>) {
+        *self.link.lock() = link;
     }
 
     /// Makes the next `n` requests fail with a transient error.
@@ -396,6 +419,21 @@ impl MemoryStore {
         let plan = self.begin("get", key).await?;
         let result = Self::read(&self.objects.lock(), key, generation, range);
         let data = self.end(plan, result).await?;
+        let link = *self.link.lock();
+        if let Some(link) = link {
+            /// Counts a read on the link until it ends or is dropped.
+            struct OnLink<'a>(&'a AtomicU64);
+            impl Drop for OnLink<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let streams = self.streams.fetch_add(1, Ordering::SeqCst) + 1;
+            let _on_link = OnLink(&self.streams);
+            let rate = link.per_stream.min(link.total / streams as f64);
+            let transfer = Duration::from_secs_f64(data.len() as f64 / rate.max(1.0));
+            tokio::time::sleep(link.latency + transfer).await;
+        }
         // Deliver in several pieces, as a network stream would.
         let pieces: Vec<StoreResult<Bytes>> = (0..data.len())
             .step_by(64 * 1024)

@@ -262,7 +262,7 @@ impl<S: ObjectStore> Volume<S> {
                 return Ok(l.clone());
             }
         }
-        let fh = self.fs.opendir(dir).await?;
+        let fh = self.fs.opendir(dir).await?.fh;
         let mut found = Vec::new();
         let mut offset = 0;
         let result = loop {

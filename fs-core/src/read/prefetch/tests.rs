@@ -15,6 +15,7 @@ fn small_cfg() -> PrefetchConfig {
     PrefetchConfig {
         part_size: 64 * 1024,
         concurrency: 4,
+        max_concurrency: 4,
         initial_window: 16 * 1024,
         align: 4096,
         slack: 128 * 1024,
@@ -185,6 +186,7 @@ proptest! {
         size in 0usize..1_000_000,
         budget_kib in 32u64..1024,
         readers in 1usize..4,
+        adaptive in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..60),
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -193,7 +195,10 @@ proptest! {
             let data = pattern(size, 7);
             store.insert("obj", data.clone());
             let budget = ReadBudget::new(budget_kib * 1024);
-            let cfg = small_cfg();
+            let cfg = PrefetchConfig {
+                max_concurrency: if adaptive { 16 } else { 4 },
+                ..small_cfg()
+            };
             let mut rs: Vec<_> = (0..readers).map(|_| reader(&store, "obj", &budget, cfg)).collect();
             let mut pos = vec![0u64; readers];
             for (i, op) in ops.iter().enumerate() {
@@ -217,4 +222,129 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// Reads all of `key` in 1 MiB requests; returns the bytes and the time taken (tokio's clock).
+async fn read_all(r: &mut Reader<MemoryStore>, size: u64) -> (Vec<u8>, std::time::Duration) {
+    let began = tokio::time::Instant::now();
+    let mut got = Vec::with_capacity(size as usize);
+    while (got.len() as u64) < size {
+        let b = r.read(got.len() as u64, 1 << 20).await.unwrap();
+        assert!(!b.is_empty(), "short object");
+        got.extend_from_slice(&b);
+    }
+    (got, began.elapsed())
+}
+
+/// A link like GCS's, scaled down: each stream carries 4 MB/s, all together 64 MB/s.
+fn capped_link() -> crate::store::memory::LinkModel {
+    crate::store::memory::LinkModel {
+        latency: std::time::Duration::from_millis(20),
+        per_stream: 4e6,
+        total: 64e6,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn streams_grow_while_throughput_grows() {
+    let size = 96u64 << 20;
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(size as usize, 9);
+    store.insert("obj", data.clone());
+    store.set_link(Some(capped_link()));
+    let budget = ReadBudget::new(1 << 30);
+
+    let fixed = PrefetchConfig::new(1 << 20, 4);
+    let mut r = reader(&store, "obj", &budget, fixed);
+    let (got, fixed_took) = read_all(&mut r, size).await;
+    assert!(got == data, "fixed reader returned other bytes");
+    assert_eq!(r.stats().peak_streams, 4);
+    drop(r);
+
+    let adaptive = PrefetchConfig::adaptive(1 << 20, 4, 32);
+    let mut r = reader(&store, "obj", &budget, adaptive);
+    let (got, adaptive_took) = read_all(&mut r, size).await;
+    assert!(got == data, "adaptive reader returned other bytes");
+    let s = r.stats();
+    assert!(s.crc_verified);
+    // 16 streams fill the 64 MB/s link; probing reaches at least that and never the cap's
+    // double.
+    assert!(
+        (16..=32).contains(&s.peak_streams),
+        "peak streams {}",
+        s.peak_streams
+    );
+    assert!(
+        adaptive_took.as_secs_f64() * 2.0 < fixed_took.as_secs_f64(),
+        "adaptive {adaptive_took:?} vs fixed {fixed_took:?}"
+    );
+    drop(r);
+    assert!(budget.peak() <= budget.total());
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn streams_stay_put_when_the_link_is_shared_out() {
+    // The total is what one stream carries: more streams only split it.
+    let store = Arc::new(MemoryStore::new());
+    let size = 32u64 << 20;
+    let data = pattern(size as usize, 10);
+    store.insert("obj", data.clone());
+    store.set_link(Some(crate::store::memory::LinkModel {
+        total: 16e6,
+        ..capped_link()
+    }));
+    let budget = ReadBudget::new(1 << 30);
+    let mut r = reader(
+        &store,
+        "obj",
+        &budget,
+        PrefetchConfig::adaptive(1 << 20, 4, 32),
+    );
+    let (got, _) = read_all(&mut r, size).await;
+    assert!(got == data);
+    // One probe at 8 (plus the part a read may need at once), which does not pay: no more.
+    assert!(
+        r.stats().peak_streams <= 9,
+        "no rise pays on a link 4 streams fill: {:?}",
+        r.stats()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_readers_share_the_budget_and_none_starves() {
+    let size = 24u64 << 20;
+    let store = Arc::new(MemoryStore::new());
+    let mut objects = Vec::new();
+    for i in 0..8u8 {
+        let data = pattern(size as usize, 20 + i);
+        store.insert(&format!("obj{i}"), data.clone());
+        objects.push(data);
+    }
+    store.set_link(Some(capped_link()));
+    // 64 MiB shared by 8 readers: 8 MiB each, 7 parts in flight, where one alone could take
+    // 32.
+    let budget = ReadBudget::new(64 << 20);
+    let cfg = PrefetchConfig::adaptive(1 << 20, 4, 32);
+    let mut tasks = Vec::new();
+    for (i, data) in objects.into_iter().enumerate() {
+        let mut r = reader(&store, &format!("obj{i}"), &budget, cfg);
+        let budget = budget.clone();
+        tasks.push(tokio::spawn(async move {
+            let (got, _) = read_all(&mut r, size).await;
+            assert!(got == data, "reader {i} returned other bytes");
+            assert!(budget.in_use() <= budget.total());
+            r.stats()
+        }));
+    }
+    for t in tasks {
+        let s = t.await.unwrap();
+        assert!(s.crc_verified, "{s:?}");
+        assert_eq!(
+            s.demand_fetches, 0,
+            "a reader fell back to demand reads: {s:?}"
+        );
+    }
+    assert!(budget.peak() <= budget.total());
+    assert_eq!(budget.in_use(), 0);
 }
