@@ -85,6 +85,11 @@ impl ReadBudget {
         self.inner.total / self.inner.streaming.load(Ordering::Acquire).max(1)
     }
 
+    /// Readers streaming ahead now.
+    pub fn streaming_readers(&self) -> u64 {
+        self.inner.streaming.load(Ordering::Acquire)
+    }
+
     pub fn total(&self) -> u64 {
         self.inner.total
     }

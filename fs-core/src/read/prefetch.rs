@@ -181,11 +181,19 @@ impl<S: ObjectStore> Reader<S> {
     /// Parts to keep in flight now: the streams chosen, within this reader's fair share of the
     /// budget (which leaves room for the part being read).
     fn concurrency(&self) -> usize {
+        self.streams.level().min(self.ceiling())
+    }
+
+    /// The most streams this reader may use now: its share of the budget (less the part being
+    /// read), and its share of the stream cap among the readers streaming now (never below
+    /// where probing starts). Eight readers at once each stay at the starting number rather
+    /// than each probing up to the cap: together they already hold the link.
+    fn ceiling(&self) -> usize {
         let share_parts = self.budget.fair_share() / self.cfg.part_size;
-        let by_share = share_parts.saturating_sub(1).max(1);
-        self.streams
-            .level()
-            .min(usize::try_from(by_share).unwrap_or(usize::MAX))
+        let by_budget = usize::try_from(share_parts.saturating_sub(1).max(1)).unwrap_or(usize::MAX);
+        let readers = usize::try_from(self.budget.streaming_readers().max(1)).unwrap_or(1);
+        let by_streams = (self.streams.cap() / readers).max(self.cfg.concurrency);
+        by_budget.min(by_streams)
     }
 
     /// The window counts the part being read as well as those ahead of it, so one extra part
@@ -411,7 +419,8 @@ impl<S: ObjectStore> Reader<S> {
             };
             let (level, full, len) = (part.level, part.full, bytes.len() as u64);
             part.state = PartState::Ready(bytes);
-            if let Some(now) = self.streams.record(level, full, len, elapsed) {
+            let ceiling = self.ceiling();
+            if let Some(now) = self.streams.record(level, full, len, elapsed, ceiling) {
                 tracing::debug!(key = %self.key, streams = now, "read streams changed");
             }
         }

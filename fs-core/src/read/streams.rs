@@ -14,8 +14,9 @@
 //! reader had to wait for a part still in flight: a reader that finds its data already there
 //! is not limited by the link, and more streams would only hold more memory.
 //!
-//! Memory is bounded elsewhere: the reader never holds more than its fair share of the read
-//! budget ([`super::budget::ReadBudget::fair_share`]), whatever level this module chooses.
+//! The reader passes a *ceiling* with each sample: its fair share of the read budget
+//! ([`super::budget::ReadBudget::fair_share`]) and of the stream cap among the readers streaming
+//! at that moment. No rise passes it; probing waits, unsettled, until it lifts.
 
 use std::time::Duration;
 
@@ -87,13 +88,16 @@ impl Streams {
     }
 
     /// A part started at `level` streams (`full`: the pipe held that many) delivered `bytes`
-    /// in `elapsed`. Returns the new level if it changed.
+    /// in `elapsed`. `ceiling`: the most streams the reader may use now (its shares of memory
+    /// and of the cap); no rise passes it, but probing resumes if it lifts. Returns the new
+    /// level if it changed.
     pub fn record(
         &mut self,
         level: usize,
         full: bool,
         bytes: u64,
         elapsed: Duration,
+        ceiling: usize,
     ) -> Option<usize> {
         if self.settled || level != self.level || !full || bytes == 0 {
             return None;
@@ -119,9 +123,10 @@ impl Streams {
                 return (self.level != before).then_some(self.level);
             }
         }
-        if !starved {
-            // The reader keeps up without waiting: the link is not what limits it. Keep
-            // measuring at this level; it rises once the reader starts to wait.
+        if !starved || self.level >= ceiling {
+            // The reader keeps up without waiting (the link is not what limits it), or may not
+            // have more now. Keep measuring at this level; it rises once the reader waits and
+            // there is room.
         } else if self.level >= self.cap {
             self.settled = true;
         } else {
@@ -150,7 +155,7 @@ mod tests {
             }
             let level = s.level();
             let secs = 8e6 / rate_at(level);
-            if let Some(l) = s.record(level, true, 8_000_000, Duration::from_secs_f64(secs)) {
+            if let Some(l) = s.record(level, true, 8_000_000, Duration::from_secs_f64(secs), 64) {
                 changed = Some(l);
             }
         }
@@ -217,9 +222,25 @@ mod tests {
         let mut s = Streams::adaptive(8, 64);
         for _ in 0..100 {
             s.note_starved();
-            assert_eq!(s.record(4, true, 1, Duration::from_secs(1)), None);
-            assert_eq!(s.record(8, false, 1, Duration::from_secs(1)), None);
+            assert_eq!(s.record(4, true, 1, Duration::from_secs(1), 64), None);
+            assert_eq!(s.record(8, false, 1, Duration::from_secs(1), 64), None);
         }
         assert_eq!(s.level(), 8);
+    }
+
+    #[test]
+    fn no_rise_past_the_ceiling_until_it_lifts() {
+        let mut s = Streams::adaptive(8, 64);
+        for _ in 0..5 {
+            for _ in 0..s.samples_needed() {
+                s.note_starved();
+                assert_eq!(
+                    s.record(8, true, 8_000_000, Duration::from_millis(200), 8),
+                    None
+                );
+            }
+        }
+        assert!(!s.settled(), "held by the ceiling, not settled");
+        assert_eq!(feed(&mut s, true, |_| 40e6), Some(16));
     }
 }
