@@ -25,8 +25,9 @@ use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
 use super::budget::{ReadBudget, Reservation};
+use super::cache::{read_range, ObjectCache};
 use crate::error::{FsError, FsResult};
-use crate::store::{read_range, ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
+use crate::store::{ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
 
 /// Tuning of one reader.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +101,8 @@ pub struct Reader<S: ObjectStore> {
     generation: i64,
     size: u64,
     object_crc: Option<u32>,
+    /// The disk read cache's view of this generation, if the mount has one.
+    cache: Option<ObjectCache>,
     budget: ReadBudget,
     cfg: PrefetchConfig,
     /// Contiguous parts, ascending, ending at `next_fetch`.
@@ -127,6 +130,7 @@ impl<S: ObjectStore> Reader<S> {
             generation: meta.generation,
             size: meta.size,
             object_crc: meta.crc32c,
+            cache: None,
             budget,
             cfg,
             parts: VecDeque::new(),
@@ -139,6 +143,14 @@ impl<S: ObjectStore> Reader<S> {
             block: None,
             stats: ReaderStats::default(),
         }
+    }
+
+    /// Makes every GET of this reader, parts and demand reads alike, go through the disk read
+    /// cache `cache` (the same generation as this reader's): served from disk when it holds
+    /// the range, else fetched and offered to it.
+    pub fn with_cache(mut self, cache: Option<ObjectCache>) -> Self {
+        self.cache = cache;
+        self
     }
 
     pub fn generation(&self) -> i64 {
@@ -246,10 +258,10 @@ impl<S: ObjectStore> Reader<S> {
         let store = self.store.clone();
         let key = self.key.clone();
         let generation = self.generation;
-        let handle =
-            tokio::spawn(
-                async move { read_range(store.as_ref(), &key, generation, start..end).await },
-            );
+        let cache = self.cache.clone();
+        let handle = tokio::spawn(async move {
+            read_range(store.as_ref(), cache.as_ref(), &key, generation, start..end).await
+        });
         self.parts.push_back(Part {
             start,
             end,
@@ -386,6 +398,9 @@ impl<S: ObjectStore> Reader<S> {
                         actual = format!("{crc:08x}"),
                         "CRC32C mismatch: the bytes read do not match the object"
                     );
+                    if let Some(c) = &self.cache {
+                        c.forget();
+                    }
                     self.drop_window();
                     return Err(FsError::Corrupt(format!(
                         "{} generation {}",
@@ -411,9 +426,15 @@ impl<S: ObjectStore> Reader<S> {
         let start = offset - offset % self.cfg.align;
         let stop = round_up(end, self.cfg.align).min(self.size);
         self.stats.demand_fetches += 1;
-        let data = read_range(self.store.as_ref(), &self.key, self.generation, start..stop)
-            .await
-            .map_err(|e| self.map_err(e))?;
+        let data = read_range(
+            self.store.as_ref(),
+            self.cache.as_ref(),
+            &self.key,
+            self.generation,
+            start..stop,
+        )
+        .await
+        .map_err(|e| self.map_err(e))?;
         let out = data.slice((offset - start) as usize..(end - start) as usize);
         self.block = Some((start, data));
         Ok(out)
