@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::config::MountConfig;
 use crate::error::{FsError, FsResult};
 use crate::namespace::{names, Attr, DirEntry, DirStream, Entry, Ino, Kind, Namespace};
-use crate::read::{PrefetchConfig, ReadBudget, Reader};
+use crate::read::{PrefetchConfig, ReadBudget, ReadCache, Reader};
 use crate::store::{ObjectMeta, ObjectStore};
 use crate::write::writeback::{ItemRef, LocalAttr, Status, WriteBack, WriteConfig};
 
@@ -67,6 +67,7 @@ pub struct Filesystem<S: ObjectStore> {
     ns: Namespace<S>,
     budget: ReadBudget,
     prefetch: PrefetchConfig,
+    read_cache: Option<ReadCache>,
     write: Option<Arc<WriteBack<S>>>,
     files: Mutex<HashMap<u64, Arc<OpenFile<S>>>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
@@ -101,6 +102,7 @@ impl<S: ObjectStore> Filesystem<S> {
             ),
             ns: Namespace::new(store, cfg.clone()),
             cfg,
+            read_cache: None,
             write: None,
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -128,6 +130,21 @@ impl<S: ObjectStore> Filesystem<S> {
         let n = w.replay().await?;
         w.start_orphan_cleanup();
         Ok(n)
+    }
+
+    /// Keeps what readers fetch in `cache` on the local disk, and serves it from there.
+    pub fn set_read_cache(&mut self, cache: ReadCache) {
+        self.read_cache = Some(cache);
+    }
+
+    pub fn read_cache(&self) -> Option<&ReadCache> {
+        self.read_cache.as_ref()
+    }
+
+    /// Waits, at most `timeout`, until what readers fetched is written to the read cache, so
+    /// the next mount finds it. True when it was (or there is no read cache).
+    pub fn flush_read_cache(&self, timeout: std::time::Duration) -> bool {
+        self.read_cache.as_ref().is_none_or(|c| c.flush(timeout))
     }
 
     pub fn config(&self) -> &MountConfig {

@@ -17,6 +17,13 @@
 //! | `bucketdrive_prefetch_misses_total` | counter | | `read::prefetch::Reader`: a read that had to start a GET for its own bytes |
 //! | `bucketdrive_read_budget_bytes_in_use` | gauge | | `read::budget`: bytes reserved by read-ahead parts, added on reserve, removed on release |
 //! | `bucketdrive_read_budget_bytes_limit` | gauge | | `read::budget`: `--max-read-memory` |
+//! | `bucketdrive_read_cache_hit_bytes_total` | counter | | `read::cache::ObjectCache::read`: bytes served from the disk read cache, every block checked |
+//! | `bucketdrive_read_cache_miss_bytes_total` | counter | | `read::cache::ObjectCache::read`: bytes the read cache did not have, fetched from the bucket |
+//! | `bucketdrive_read_cache_skipped_bytes_total` | counter | | `read::cache`: fetched bytes not written to the cache (writer behind, disk full, no room) |
+//! | `bucketdrive_read_cache_corrupt_blocks_total` | counter | | `read::cache`: cache blocks that failed their CRC32C on read-back, dropped and fetched again |
+//! | `bucketdrive_read_cache_evictions_total` | counter | | `read::cache::fill`: cache files evicted to stay under `--read-cache-size` |
+//! | `bucketdrive_read_cache_bytes_used` | gauge | | `read::cache`: disk bytes the read cache holds, as charged against `--read-cache-size` |
+//! | `bucketdrive_read_cache_bytes_limit` | gauge | | `read::cache`: `--read-cache-size` (0 without a read cache) |
 //! | `bucketdrive_store_requests_total` | counter | `op` | `store::gcs`: every HTTP request sent, retries included |
 //! | `bucketdrive_store_errors_total` | counter | `op`, `kind` | `store::gcs`: requests that failed, by error class (404 on `head` is a normal lookup miss) |
 //! | `bucketdrive_store_retries_total` | counter | `op` | `store::retry`: a failed attempt that is tried again |
@@ -43,6 +50,13 @@ pub const PREFETCH_HITS: &str = "bucketdrive_prefetch_hits_total";
 pub const PREFETCH_MISSES: &str = "bucketdrive_prefetch_misses_total";
 pub const READ_BUDGET_IN_USE: &str = "bucketdrive_read_budget_bytes_in_use";
 pub const READ_BUDGET_LIMIT: &str = "bucketdrive_read_budget_bytes_limit";
+pub const READ_CACHE_HIT_BYTES: &str = "bucketdrive_read_cache_hit_bytes_total";
+pub const READ_CACHE_MISS_BYTES: &str = "bucketdrive_read_cache_miss_bytes_total";
+pub const READ_CACHE_SKIPPED_BYTES: &str = "bucketdrive_read_cache_skipped_bytes_total";
+pub const READ_CACHE_CORRUPT_BLOCKS: &str = "bucketdrive_read_cache_corrupt_blocks_total";
+pub const READ_CACHE_EVICTIONS: &str = "bucketdrive_read_cache_evictions_total";
+pub const READ_CACHE_USED: &str = "bucketdrive_read_cache_bytes_used";
+pub const READ_CACHE_LIMIT: &str = "bucketdrive_read_cache_bytes_limit";
 pub const STORE_REQUESTS: &str = "bucketdrive_store_requests_total";
 pub const STORE_ERRORS: &str = "bucketdrive_store_errors_total";
 pub const STORE_RETRIES: &str = "bucketdrive_store_retries_total";
@@ -129,6 +143,41 @@ pub fn read_budget_reserved(bytes: u64) {
 /// `bytes` given back to the read-ahead budget.
 pub fn read_budget_released(bytes: u64) {
     gauge!(READ_BUDGET_IN_USE).decrement(bytes as f64);
+}
+
+/// `n` bytes served from the disk read cache.
+pub fn read_cache_hit(n: u64) {
+    counter!(READ_CACHE_HIT_BYTES).increment(n);
+}
+
+/// `n` bytes the read cache did not have, fetched from the bucket.
+pub fn read_cache_miss(n: u64) {
+    counter!(READ_CACHE_MISS_BYTES).increment(n);
+}
+
+/// `n` fetched bytes not written to the read cache.
+pub fn read_cache_skipped(n: u64) {
+    counter!(READ_CACHE_SKIPPED_BYTES).increment(n);
+}
+
+/// `n` read cache blocks failed their check on read-back.
+pub fn read_cache_corrupt(n: u64) {
+    counter!(READ_CACHE_CORRUPT_BLOCKS).increment(n);
+}
+
+/// `n` read cache files evicted.
+pub fn read_cache_evicted(n: u64) {
+    counter!(READ_CACHE_EVICTIONS).increment(n);
+}
+
+/// The read cache now holds `bytes` (as charged against its cap).
+pub fn read_cache_used(bytes: u64) {
+    gauge!(READ_CACHE_USED).set(bytes as f64);
+}
+
+/// The read cache's cap.
+pub fn read_cache_limit(bytes: u64) {
+    gauge!(READ_CACHE_LIMIT).set(bytes as f64);
 }
 
 /// One HTTP request to the bucket, how long it took, and the class of its failure if it failed.
@@ -225,6 +274,31 @@ pub fn describe() {
             "Reads that had to start a GET for their own bytes.",
         ),
         (
+            READ_CACHE_HIT_BYTES,
+            Unit::Bytes,
+            "Bytes served from the disk read cache (--read-cache-dir).",
+        ),
+        (
+            READ_CACHE_MISS_BYTES,
+            Unit::Bytes,
+            "Bytes the disk read cache did not have, fetched from the bucket.",
+        ),
+        (
+            READ_CACHE_SKIPPED_BYTES,
+            Unit::Bytes,
+            "Fetched bytes not written to the read cache: writer behind, disk full or no room.",
+        ),
+        (
+            READ_CACHE_CORRUPT_BLOCKS,
+            Unit::Count,
+            "Read cache blocks that failed their CRC32C check and were fetched again.",
+        ),
+        (
+            READ_CACHE_EVICTIONS,
+            Unit::Count,
+            "Read cache files evicted to stay under --read-cache-size.",
+        ),
+        (
             UPLOADS,
             Unit::Count,
             "File versions now in the bucket (conflict copies included).",
@@ -259,6 +333,16 @@ pub fn describe() {
             READ_BUDGET_LIMIT,
             Unit::Bytes,
             "The read-ahead memory budget (--max-read-memory).",
+        ),
+        (
+            READ_CACHE_USED,
+            Unit::Bytes,
+            "Disk bytes the read cache holds, as charged against --read-cache-size.",
+        ),
+        (
+            READ_CACHE_LIMIT,
+            Unit::Bytes,
+            "The read cache's size (--read-cache-size); 0 without a read cache.",
         ),
         (
             UPLOADS_PENDING,

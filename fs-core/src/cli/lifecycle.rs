@@ -10,6 +10,7 @@ use tokio::runtime::Runtime;
 
 use super::options::CommonArgs;
 use crate::config::MountConfig;
+use crate::read::ReadCache;
 use crate::store::gcs::{GcsOptions, GcsStore};
 use crate::store::ObjectStore;
 use crate::write::cache_dir::CacheRoot;
@@ -50,14 +51,21 @@ pub fn open_filesystem(
 
     let mut cfg = common.mount_config(bucket, prefix);
     platform(&mut cfg);
+    let read_cache = match common.read_cache_config(cache)? {
+        Some(rc) => Some(ReadCache::open(&rc)?),
+        None => None,
+    };
     let store = Arc::new(store);
-    let fs = match common.write_config(cache) {
+    let mut fs = match common.write_config(cache) {
         None => Filesystem::new(store, cfg),
         Some(w) => {
             tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
             Filesystem::with_write(store, cfg, w)?
         }
     };
+    if let Some(rc) = read_cache {
+        fs.set_read_cache(rc);
+    }
     let fs = Arc::new(fs);
     let replayed = rt.block_on(fs.start())?;
     if replayed > 0 {
@@ -124,9 +132,11 @@ impl Control {
     }
 }
 
-/// After the unmount: pending uploads finish before the process exits (unless `skip_drain`);
-/// whatever cannot be uploaded stays journaled for the next mount.
+/// After the unmount: what readers fetched is written to the read cache, and pending uploads
+/// finish before the process exits (unless `skip_drain`); whatever cannot be uploaded stays
+/// journaled for the next mount.
 pub fn finish<S: ObjectStore>(rt: Runtime, fs: &Filesystem<S>, skip_drain: bool) {
+    finish_read_cache(fs);
     let status = rt.block_on(fs.write_status());
     if skip_drain {
         tracing::info!(
@@ -152,4 +162,14 @@ pub fn finish<S: ObjectStore>(rt: Runtime, fs: &Filesystem<S>, skip_drain: bool)
         );
     }
     rt.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// Writes what readers fetched to the read cache before the process exits, so the next mount
+/// finds it; gives up (keeping what is written) after a few seconds.
+fn finish_read_cache<S: ObjectStore>(fs: &Filesystem<S>) {
+    if !fs.flush_read_cache(Duration::from_secs(10)) {
+        tracing::warn!(
+            "the read cache could not be written in time; some of it will be fetched again"
+        );
+    }
 }

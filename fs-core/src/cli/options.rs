@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config::{parse_size, MountConfig};
+use crate::read::cache::{ReadCacheConfig, LOCK_WAIT, SUBDIR as READ_CACHE_SUBDIR};
 use crate::write::cache_dir::CacheRoot;
 use crate::write::upload::UploadMode;
 use crate::write::writeback::WriteConfig;
@@ -42,6 +43,16 @@ pub struct CommonArgs {
     /// Memory for read-ahead, shared by all open files.
     #[arg(long, value_parser = parse_size, default_value = "1GiB")]
     pub max_read_memory: u64,
+    /// Keep what is read in a disk cache in this directory, kept across mounts, so files read
+    /// again are read from the local disk (in a sub-directory bucketdrive-read-cache that
+    /// bucketdrive makes inside it; the directory itself is not changed). Must not be the
+    /// write cache's directory. Default: no read cache.
+    #[arg(long, value_name = "DIR")]
+    pub read_cache_dir: Option<PathBuf>,
+    /// Most disk space the read cache takes; beyond it, the least recently used files are
+    /// evicted.
+    #[arg(long, value_parser = parse_size, default_value = "10GiB", requires = "read_cache_dir")]
+    pub read_cache_size: u64,
     /// Where written data is staged and the upload journal kept: in a sub-directory
     /// bucketdrive-cache that bucketdrive makes inside it (the directory itself is not
     /// changed). Default: under the user's cache directory, one sub-directory per mount.
@@ -151,6 +162,34 @@ impl CommonArgs {
         }
     }
 
+    /// The read cache's configuration (`None` without `--read-cache-dir`): our sub-directory
+    /// of the named directory. Refused when it and the write cache's root `write_root` are the
+    /// same directory or one holds the other: each must own its directory.
+    pub fn read_cache_config(
+        &self,
+        write_root: &CacheRoot,
+    ) -> Result<Option<ReadCacheConfig>, String> {
+        let Some(named) = &self.read_cache_dir else {
+            return Ok(None);
+        };
+        let root = named.join(READ_CACHE_SUBDIR);
+        let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let (r, w) = (abs(&root), abs(&write_root.path));
+        if r.starts_with(&w) || w.starts_with(&r) {
+            return Err(format!(
+                "--read-cache-dir {} would share the write cache directory {}; give the read \
+                 cache a directory of its own",
+                named.display(),
+                write_root.path.display()
+            ));
+        }
+        Ok(Some(ReadCacheConfig {
+            root,
+            size: self.read_cache_size,
+            lock_wait: LOCK_WAIT,
+        }))
+    }
+
     /// The write-back configuration staging in `root`; `None` for a read-only mount.
     pub fn write_config(&self, root: &CacheRoot) -> Option<WriteConfig> {
         if self.read_only {
@@ -171,5 +210,63 @@ impl CommonArgs {
             UploadModeArg::Resumable => UploadMode::Resumable,
         };
         Some(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<CommonArgs, clap::Error> {
+        let mut all = vec!["test"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).map(|c| c.common)
+    }
+
+    #[test]
+    fn the_read_cache_is_off_unless_named_and_never_shares_the_write_cache() {
+        let write = CacheRoot {
+            path: PathBuf::from("/var/cache/w/bucketdrive-cache"),
+            legacy: false,
+        };
+        assert_eq!(parse(&[]).unwrap().read_cache_config(&write), Ok(None));
+        assert!(
+            parse(&["--read-cache-size", "1GiB"]).is_err(),
+            "a size without a directory is a mistake"
+        );
+        let c = parse(&["--read-cache-dir", "/var/cache/w"]).unwrap();
+        assert_eq!(
+            c.read_cache_config(&write),
+            Ok(Some(ReadCacheConfig {
+                root: PathBuf::from("/var/cache/w/bucketdrive-read-cache"),
+                size: crate::read::cache::DEFAULT_SIZE,
+                lock_wait: LOCK_WAIT,
+            })),
+            "the same named directory is fine: each works in its own sub-directory"
+        );
+        let c = parse(&["--read-cache-dir", "/r", "--read-cache-size", "3GiB"]).unwrap();
+        assert_eq!(c.read_cache_config(&write).unwrap().unwrap().size, 3 << 30);
+        for inside in [
+            "/var/cache/w/bucketdrive-cache",
+            "/var/cache/w/bucketdrive-cache/x",
+        ] {
+            let c = parse(&["--read-cache-dir", inside]).unwrap();
+            let err = c.read_cache_config(&write).unwrap_err();
+            assert!(err.contains("would share the write cache"), "{err}");
+        }
+        // A write cache inside the read cache's directory is refused too.
+        let nested = CacheRoot {
+            path: PathBuf::from("/r/bucketdrive-read-cache/bucketdrive-cache"),
+            legacy: false,
+        };
+        let c = parse(&["--read-cache-dir", "/r"]).unwrap();
+        assert!(c.read_cache_config(&nested).is_err());
     }
 }

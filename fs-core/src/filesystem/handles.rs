@@ -1,8 +1,9 @@
 //! Open files: the handle table, and open, create, read, write, flush (close), fsync and
 //! release.
 //!
-//! A handle reads the bucket through a read-ahead [`Reader`] pinned to one generation, or, for
-//! a file being written, the item's staged copy (so readers see their own writes).
+//! A handle reads the bucket through a read-ahead [`Reader`] pinned to one generation (and
+//! through the disk read cache, if the mount has one), or, for a file being written, the
+//! item's staged copy (so readers see their own writes).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,12 +54,19 @@ impl<S: ObjectStore> Filesystem<S> {
             }
         }
         let (meta, keep_cache) = self.ns.open_file(ino).await?;
+        // The disk cache is keyed by the generation just opened, so it serves exactly what
+        // this handle may read, and a new generation is never served an old one's bytes.
+        let cache = match &self.read_cache {
+            Some(c) => c.object(&self.cfg.bucket, &meta).await,
+            None => None,
+        };
         let reader = Reader::new(
             self.ns.store().clone(),
             &meta,
             self.budget.clone(),
             self.prefetch,
-        );
+        )
+        .with_cache(cache);
         let fh = self.add_handle(ino, FileIo::Read(Box::new(tokio::sync::Mutex::new(reader))));
         Ok(Opened { fh, keep_cache })
     }

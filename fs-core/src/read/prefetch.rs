@@ -27,9 +27,10 @@ use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
 use super::budget::{ReadBudget, Reservation, Streaming};
+use super::cache::{read_range, ObjectCache};
 use super::streams::Streams;
 use crate::error::{FsError, FsResult};
-use crate::store::{read_range, ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
+use crate::store::{ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
 
 /// Tuning of one reader.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +124,8 @@ pub struct Reader<S: ObjectStore> {
     generation: i64,
     size: u64,
     object_crc: Option<u32>,
+    /// The disk read cache's view of this generation, if the mount has one.
+    cache: Option<ObjectCache>,
     budget: ReadBudget,
     cfg: PrefetchConfig,
     /// How many parts to keep in flight.
@@ -154,6 +157,7 @@ impl<S: ObjectStore> Reader<S> {
             generation: meta.generation,
             size: meta.size,
             object_crc: meta.crc32c,
+            cache: None,
             budget,
             streams: cfg.streams(),
             streaming: None,
@@ -168,6 +172,14 @@ impl<S: ObjectStore> Reader<S> {
             block: None,
             stats: ReaderStats::default(),
         }
+    }
+
+    /// Makes every GET of this reader, parts and demand reads alike, go through the disk read
+    /// cache `cache` (the same generation as this reader's): served from disk when it holds
+    /// the range, else fetched and offered to it.
+    pub fn with_cache(mut self, cache: Option<ObjectCache>) -> Self {
+        self.cache = cache;
+        self
     }
 
     pub fn generation(&self) -> i64 {
@@ -307,9 +319,11 @@ impl<S: ObjectStore> Reader<S> {
         let store = self.store.clone();
         let key = self.key.clone();
         let generation = self.generation;
+        let cache = self.cache.clone();
         let handle = tokio::spawn(async move {
             let began = tokio::time::Instant::now();
-            let got = read_range(store.as_ref(), &key, generation, start..end).await;
+            let got =
+                read_range(store.as_ref(), cache.as_ref(), &key, generation, start..end).await;
             (got, began.elapsed())
         });
         self.parts.push_back(Part {
@@ -461,6 +475,9 @@ impl<S: ObjectStore> Reader<S> {
                         actual = format!("{crc:08x}"),
                         "CRC32C mismatch: the bytes read do not match the object"
                     );
+                    if let Some(c) = &self.cache {
+                        c.forget();
+                    }
                     self.drop_window();
                     return Err(FsError::Corrupt(format!(
                         "{} generation {}",
@@ -486,9 +503,15 @@ impl<S: ObjectStore> Reader<S> {
         let start = offset - offset % self.cfg.align;
         let stop = round_up(end, self.cfg.align).min(self.size);
         self.stats.demand_fetches += 1;
-        let data = read_range(self.store.as_ref(), &self.key, self.generation, start..stop)
-            .await
-            .map_err(|e| self.map_err(e))?;
+        let data = read_range(
+            self.store.as_ref(),
+            self.cache.as_ref(),
+            &self.key,
+            self.generation,
+            start..stop,
+        )
+        .await
+        .map_err(|e| self.map_err(e))?;
         let out = data.slice((offset - start) as usize..(end - start) as usize);
         self.block = Some((start, data));
         Ok(out)

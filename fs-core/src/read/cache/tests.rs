@@ -1,0 +1,588 @@
+//! The read cache over `MemoryStore`, whose GET counter proves where bytes came from. Every
+//! test compares what is read with the object's bytes.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::read::{PrefetchConfig, ReadBudget, Reader};
+use crate::store::memory::MemoryStore;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+fn cfg() -> PrefetchConfig {
+    PrefetchConfig {
+        part_size: 256 * 1024,
+        concurrency: 4,
+        initial_window: 64 * 1024,
+        align: 64 * 1024,
+        slack: 1024 * 1024,
+    }
+}
+
+fn open(dir: &Path, size: u64) -> ReadCache {
+    ReadCache::open(&ReadCacheConfig {
+        root: dir.join(SUBDIR),
+        size,
+        lock_wait: Duration::ZERO,
+    })
+    .unwrap()
+}
+
+async fn reader_of(
+    store: &Arc<MemoryStore>,
+    cache: &ReadCache,
+    meta: &ObjectMeta,
+    part_size: u64,
+) -> Reader<MemoryStore> {
+    let c = cache.object("bkt", meta).await;
+    let mut cfg = cfg();
+    cfg.part_size = part_size;
+    Reader::new(store.clone(), meta, ReadBudget::new(1 << 30), cfg).with_cache(c)
+}
+
+/// Reads `key` from start to end through a new handle on the cache.
+async fn read_all(store: &Arc<MemoryStore>, cache: &ReadCache, key: &str) -> Vec<u8> {
+    let meta = store.head(key).await.unwrap();
+    read_meta(store, cache, &meta).await
+}
+
+async fn read_meta(store: &Arc<MemoryStore>, cache: &ReadCache, meta: &ObjectMeta) -> Vec<u8> {
+    let mut r = reader_of(store, cache, meta, 256 * 1024).await;
+    let mut out = Vec::new();
+    loop {
+        let b = r.read(out.len() as u64, 128 * 1024).await.unwrap();
+        if b.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+fn gets(store: &MemoryStore) -> u64 {
+    store.counts.get.load(Ordering::SeqCst)
+}
+
+fn flush(cache: &ReadCache) {
+    assert!(cache.flush(Duration::from_secs(30)), "the writer finished");
+}
+
+/// The one cache file in the cache (the test put one object there).
+fn the_file(dir: &Path) -> PathBuf {
+    let files: Vec<_> = std::fs::read_dir(dir.join(SUBDIR).join("objects"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+/// Disk bytes every file under `dir` takes.
+fn disk_use(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = std::fs::symlink_metadata(e.path()).unwrap();
+        n += if m.is_dir() {
+            disk_use(&e.path())
+        } else {
+            disk_bytes(&m)
+        };
+    }
+    n
+}
+
+fn id_of(meta: &ObjectMeta) -> Identity {
+    Identity::new("bkt", meta).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reread_is_served_from_disk_even_after_reopening_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(1_000_123, 1);
+    store.insert("obj", data.clone());
+    let cache = open(dir.path(), 1 << 30);
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    flush(&cache);
+    let first = gets(&store);
+    let s = cache.stats();
+    assert_eq!(s.written_bytes, data.len() as u64, "{s:?}");
+    assert_eq!(s.files, 1);
+
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    assert_eq!(gets(&store), first, "a re-read sends no GET");
+    assert!(cache.stats().hit_bytes >= data.len() as u64);
+
+    // A new cache over the same directory (the next mount) serves it too.
+    drop(cache);
+    let cache = open(dir.path(), 1 << 30);
+    assert_eq!(cache.stats().files, 1);
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    // Random reads (demand fetches) too.
+    let meta = store.head("obj").await.unwrap();
+    let mut r = reader_of(&store, &cache, &meta, 256 * 1024).await;
+    for off in [900_000u64, 5, 640_000, 1_000_000, 300_001] {
+        let b = r.read(off, 70_000).await.unwrap();
+        let end = (off as usize + 70_000).min(data.len());
+        assert_eq!(&b[..], &data[off as usize..end], "at {off}");
+    }
+    assert_eq!(gets(&store), first, "every byte came from disk");
+    assert_eq!(cache.stats().miss_bytes, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_object_is_read_new_and_a_pinned_reader_never_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old = pattern(700_000, 1);
+    let new = pattern(700_000, 2);
+    store.insert("obj", old.clone());
+    let old_meta = store.head("obj").await.unwrap();
+    let cache = open(dir.path(), 1 << 30);
+    assert_eq!(read_all(&store, &cache, "obj").await, old);
+    flush(&cache);
+    let before = gets(&store);
+
+    store.insert("obj", new.clone());
+    assert_eq!(
+        read_all(&store, &cache, "obj").await,
+        new,
+        "the new generation"
+    );
+    assert!(gets(&store) > before, "it came from the bucket");
+    flush(&cache);
+    assert_eq!(cache.stats().files, 2, "one file per generation");
+    // Read again: the new bytes, now from disk.
+    let now = gets(&store);
+    assert_eq!(read_all(&store, &cache, "obj").await, new);
+    assert_eq!(gets(&store), now);
+    // A handle still on the old generation reads the old bytes, whole (from disk: that
+    // generation is gone from the bucket), never the new ones.
+    assert_eq!(read_meta(&store, &cache, &old_meta).await, old);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_block_is_detected_dropped_and_refetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(1_000_000, 3);
+    store.insert("obj", data.clone());
+    let cache = open(dir.path(), 1 << 30);
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    flush(&cache);
+    // Flip a byte of block 3 on disk.
+    let path = the_file(dir.path());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&path)
+        .unwrap();
+    let at = 3 * BLOCK + 17;
+    let mut b = [0u8; 1];
+    platform::read_exact_at(&f, &mut b, at).unwrap();
+    platform::write_all_at(&f, &[b[0] ^ 0x40], at).unwrap();
+    drop(f);
+
+    let before = gets(&store);
+    assert_eq!(
+        read_all(&store, &cache, "obj").await,
+        data,
+        "the right bytes"
+    );
+    assert_eq!(cache.stats().corrupt_blocks, 1);
+    assert!(gets(&store) > before, "the bad block was fetched again");
+    flush(&cache);
+    // Rewritten: served from disk again, without a new alarm.
+    let now = gets(&store);
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    assert_eq!(gets(&store), now);
+    assert_eq!(cache.stats().corrupt_blocks, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_or_foreign_index_only_costs_a_refetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(600_000, 4);
+    store.insert("obj", data.clone());
+    let meta = store.head("obj").await.unwrap();
+    let id = id_of(&meta);
+    let records_at = id.index_at() + file::HEADER_LEN;
+    for damage in ["cut records", "bad record", "bad header", "empty file"] {
+        let cache = open(dir.path(), 1 << 30);
+        assert_eq!(
+            read_all(&store, &cache, "obj").await,
+            data,
+            "{damage}: before"
+        );
+        flush(&cache);
+        drop(cache);
+        let path = the_file(dir.path());
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        match damage {
+            // Torn: the last records never made it.
+            "cut records" => f.set_len(records_at + 8 * 4).unwrap(),
+            "bad record" => platform::write_all_at(&f, &[0xff; 3], records_at + 8 * 2 + 1).unwrap(),
+            "bad header" => platform::write_all_at(&f, b"garbage", id.index_at() + 40).unwrap(),
+            _ => f.set_len(0).unwrap(),
+        }
+        drop(f);
+        let cache = open(dir.path(), 1 << 30);
+        let before = gets(&store);
+        assert_eq!(
+            read_all(&store, &cache, "obj").await,
+            data,
+            "{damage}: after"
+        );
+        assert!(
+            gets(&store) > before,
+            "{damage}: the damaged part came from the bucket"
+        );
+        assert_eq!(
+            cache.stats().corrupt_blocks,
+            0,
+            "{damage}: absent, not corrupt"
+        );
+        flush(&cache);
+        // Repaired by the read.
+        let now = gets(&store);
+        assert_eq!(
+            read_all(&store, &cache, "obj").await,
+            data,
+            "{damage}: repaired"
+        );
+        assert_eq!(gets(&store), now, "{damage}: repaired");
+        drop(cache);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_is_never_exceeded_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cap = 700 * 1024;
+    let cache = open(dir.path(), cap);
+    let mut objects = Vec::new();
+    for i in 0..30u8 {
+        let size = 40_000 + (i as usize * 37_337) % 300_000;
+        let data = pattern(size, i);
+        store.insert(&format!("o{i}"), data.clone());
+        objects.push(data);
+    }
+    // One object bigger than the whole cache: kept in part.
+    let big = pattern(2_000_000, 99);
+    store.insert("big", big.clone());
+    let mut full_read_gets = 0;
+    for round in 0..2 {
+        for (i, data) in objects.iter().enumerate() {
+            assert_eq!(&read_all(&store, &cache, &format!("o{i}")).await, data);
+            flush(&cache);
+            let s = cache.stats();
+            let on_disk = disk_use(&dir.path().join(SUBDIR));
+            assert!(
+                s.used <= cap,
+                "round {round} object {i}: charged {} > {cap}",
+                s.used
+            );
+            assert!(
+                on_disk <= cap,
+                "round {round} object {i}: {on_disk} bytes on disk > {cap}"
+            );
+            assert!(
+                on_disk <= s.used,
+                "charges cover the disk: {on_disk} > {}",
+                s.used
+            );
+        }
+        let before = gets(&store);
+        assert_eq!(read_all(&store, &cache, "big").await, big);
+        if round == 0 {
+            full_read_gets = gets(&store) - before;
+        }
+        flush(&cache);
+        assert!(disk_use(&dir.path().join(SUBDIR)) <= cap);
+    }
+    let s = cache.stats();
+    assert!(s.evicted_files > 20, "{s:?}");
+    // The head of the big object stayed: a re-read needs fewer GETs than a cold one.
+    let before = gets(&store);
+    assert_eq!(read_all(&store, &cache, "big").await, big);
+    assert!(
+        gets(&store) - before < full_read_gets,
+        "part of big is on disk"
+    );
+    // A smaller cap at the next start evicts down to it.
+    drop(cache);
+    let cache = open(dir.path(), 200 * 1024);
+    assert!(cache.stats().used <= 200 * 1024);
+    assert!(disk_use(&dir.path().join(SUBDIR)) <= 200 * 1024);
+}
+
+/// Runs one read of `key` from disk with `hook` run at point `which` (0: before the file is
+/// opened, 1: after), and returns what the read returned.
+async fn read_with_hook(
+    store: &Arc<MemoryStore>,
+    cache: &ReadCache,
+    key: &str,
+    which: usize,
+    hook: Hook,
+) -> Vec<u8> {
+    {
+        let mut h = cache.shared.hooks.lock();
+        if which == 0 {
+            h.0 = Some(hook);
+        } else {
+            h.1 = Some(hook);
+        }
+    }
+    let meta = store.head(key).await.unwrap();
+    let mut r = reader_of(store, cache, &meta, 4 << 20).await;
+    // Far from the start: one demand read, so the hook runs on exactly this read.
+    let got = r.read(2_000_000, 300_000).await.unwrap().to_vec();
+    *cache.shared.hooks.lock() = (None, None);
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_during_a_read_never_gives_wrong_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(3_000_000, 5);
+    store.insert("obj", data.clone());
+    let meta = store.head("obj").await.unwrap();
+    let name = id_of(&meta).name().to_string();
+    let want = &data[2_000_000..2_300_000];
+    let cache = open(dir.path(), 1 << 30);
+
+    // Evicted after the reader opened the file: it reads the old inode, whose bytes are right.
+    read_all(&store, &cache, "obj").await;
+    flush(&cache);
+    let before = gets(&store);
+    let n = name.clone();
+    let got = read_with_hook(&store, &cache, "obj", 1, Arc::new(move |s| s.forget(&n))).await;
+    assert_eq!(got, want);
+    assert_eq!(gets(&store), before, "served by the open file");
+    assert_eq!(cache.stats().files, 0, "and the file is gone");
+
+    // Evicted before the reader opened it: nothing there, so from the bucket.
+    read_all(&store, &cache, "obj").await;
+    flush(&cache);
+    let before = gets(&store);
+    let n = name.clone();
+    let got = read_with_hook(&store, &cache, "obj", 0, Arc::new(move |s| s.forget(&n))).await;
+    assert_eq!(got, want);
+    assert_eq!(gets(&store), before + 1);
+
+    // Evicted and the name reused by a new, still empty file: every block fails its check,
+    // and since the entry changed that is no corruption, just a miss.
+    flush(&cache);
+    read_all(&store, &cache, "obj").await;
+    flush(&cache);
+    let before = gets(&store);
+    let (n, id) = (name.clone(), id_of(&meta));
+    let got = read_with_hook(
+        &store,
+        &cache,
+        "obj",
+        0,
+        Arc::new(move |s| {
+            s.forget(&n);
+            file::create(&s.path(&n), &id).unwrap();
+        }),
+    )
+    .await;
+    assert_eq!(got, want);
+    assert_eq!(gets(&store), before + 1);
+    assert_eq!(cache.stats().corrupt_blocks, 0, "no false alarm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_readers_under_constant_eviction_read_exact_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let mut objects = Vec::new();
+    for i in 0..6u8 {
+        let data = pattern(300_000 + i as usize * 50_000, i);
+        store.insert(&format!("o{i}"), data.clone());
+        objects.push(Arc::new(data));
+    }
+    // Room for about two objects: most fills evict something someone may be reading.
+    let cache = Arc::new(open(dir.path(), 800 * 1024));
+    let tasks: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (store, cache, objects) = (store.clone(), cache.clone(), objects.clone());
+            tokio::spawn(async move {
+                let mut seed = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                for _ in 0..60 {
+                    let i = (next() % objects.len() as u64) as usize;
+                    let data = &objects[i];
+                    let meta = store.head(&format!("o{i}")).await.unwrap();
+                    let mut r = reader_of(&store, &cache, &meta, 128 * 1024).await;
+                    for _ in 0..4 {
+                        let off = next() % data.len() as u64;
+                        let len = (next() % 200_000) as u32 + 1;
+                        let b = r.read(off, len).await.unwrap();
+                        let end = (off as usize + len as usize).min(data.len());
+                        assert_eq!(&b[..], &data[off as usize..end], "o{i} at {off}+{len}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    flush(&cache);
+    let s = cache.stats();
+    assert!(s.evicted_files > 0 && s.hit_bytes > 0, "{s:?}");
+    assert_eq!(s.corrupt_blocks, 0, "{s:?}");
+    assert!(s.used <= 800 * 1024);
+    assert!(disk_use(&dir.path().join(SUBDIR)) <= 800 * 1024);
+}
+
+// The gate is held across awaits on purpose: only the writer thread (not a task) waits on it.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_never_wait_for_the_cache_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(80 << 20, 6);
+    store.insert("obj", data.clone());
+    let meta = store.head("obj").await.unwrap();
+    let cache = open(dir.path(), 1 << 30);
+    // Stall the writer: the read must still finish, dropping what does not fit the queue.
+    let gate = cache.shared.gate.lock();
+    let mut r = reader_of(&store, &cache, &meta, 8 << 20).await;
+    let mut got = Vec::with_capacity(data.len());
+    while got.len() < data.len() {
+        let b = r.read(got.len() as u64, 1 << 20).await.unwrap();
+        got.extend_from_slice(&b);
+    }
+    assert!(got == data);
+    let s = cache.stats();
+    assert!(
+        s.skipped_bytes >= data.len() as u64 - fill::QUEUE_LIMIT - (8 << 20),
+        "{s:?}"
+    );
+    drop(gate);
+    flush(&cache);
+    let s = cache.stats();
+    assert_eq!(
+        s.written_bytes + s.skipped_bytes,
+        data.len() as u64,
+        "{s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_cache_disk_never_fails_a_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(500_000, 7);
+    store.insert("obj", data.clone());
+    let cache = open(dir.path(), 1 << 30);
+    std::fs::remove_dir_all(dir.path().join(SUBDIR).join("objects")).unwrap();
+    for _ in 0..2 {
+        assert_eq!(read_all(&store, &cache, "obj").await, data);
+        flush(&cache);
+    }
+    let s = cache.stats();
+    assert!(s.skipped_bytes > 0 && s.written_bytes == 0, "{s:?}");
+    assert_eq!(s.files, 0, "failed entries are discarded");
+}
+
+#[test]
+fn two_mounts_cannot_share_a_read_cache_and_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), 1 << 20);
+    let started = std::time::Instant::now();
+    let err = ReadCache::open(&ReadCacheConfig {
+        root: dir.path().join(SUBDIR),
+        size: 1 << 20,
+        lock_wait: Duration::from_millis(300),
+    })
+    .unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it waited first"
+    );
+    assert!(err.contains("in use by another mount"), "{err}");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.path().join(SUBDIR)), 0o700);
+    assert_eq!(mode(&dir.path().join(SUBDIR).join("objects")), 0o700);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("obj", pattern(100_000, 8));
+    rt.block_on(read_all(&store, &a, "obj"));
+    flush(&a);
+    assert_eq!(mode(&the_file(dir.path())), 0o600);
+    drop(a);
+    // Leftovers of an eviction cut short are cleaned at the next start.
+    let stray = dir.path().join(SUBDIR).join("objects").join("x.1.gone");
+    std::fs::write(&stray, b"x").unwrap();
+    let b = open(dir.path(), 1 << 20);
+    assert!(!stray.exists());
+    assert_eq!(b.stats().files, 1);
+}
+
+/// Reads the file at `ino` whole through the facade, as one open handle.
+async fn read_through_mount(fs: &crate::Filesystem<MemoryStore>, ino: crate::Ino) -> Vec<u8> {
+    let h = fs
+        .open(ino, crate::filesystem::OpenMode::default())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let b = fs.read(h.fh, out.len() as u64, 128 * 1024).await.unwrap();
+        if b.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&b);
+    }
+    fs.release(h.fh).await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_mount_a_replaced_object_is_read_new_once_open_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old = pattern(900_000, 10);
+    let new = pattern(900_000, 11);
+    store.insert("f", old.clone());
+    let mut cfg = crate::MountConfig::new("bkt");
+    cfg.stat_ttl = Duration::from_millis(200);
+    let mut fs = crate::Filesystem::new(store.clone(), cfg);
+    fs.set_read_cache(open(dir.path(), 1 << 30));
+    let ino = fs.lookup(crate::ROOT_INO, "f").await.unwrap().ino;
+    assert_eq!(read_through_mount(&fs, ino).await, old);
+    assert!(fs.flush_read_cache(Duration::from_secs(30)));
+    let before = gets(&store);
+    assert_eq!(read_through_mount(&fs, ino).await, old);
+    assert_eq!(gets(&store), before, "the second read came from disk");
+
+    // Replaced, same size (so the inode stays). Once the stat TTL has passed, open sees the
+    // new generation (the kernel drops its page cache then too) and the cache reads it new.
+    store.insert("f", new.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(read_through_mount(&fs, ino).await, new);
+    assert!(gets(&store) > before);
+}
