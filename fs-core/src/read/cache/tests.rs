@@ -20,6 +20,7 @@ fn cfg() -> PrefetchConfig {
     PrefetchConfig {
         part_size: 256 * 1024,
         concurrency: 4,
+        max_concurrency: 4,
         initial_window: 64 * 1024,
         align: 64 * 1024,
         slack: 1024 * 1024,
