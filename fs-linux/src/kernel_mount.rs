@@ -319,7 +319,16 @@ fn unescape_mount_path(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-/// Share of the system's dirty-page allowance the kernel may hold for this mount.
+/// Dirty bytes the kernel holds for this mount (its bdi's `min_bytes` and `max_bytes`, with
+/// `strict_limit`): the size of the window its write-back cache buffers before it starts
+/// handing pages to us. Above three quarters of it (the kernel's free-run ceiling) writeback
+/// starts and the writer is paced to our rate, so a big sequential file streams into its
+/// staging file while it is written and `close()` flushes only the tail; below it a random
+/// writer runs at page-cache speed (the `fio` job of the benchmark, 256 MiB, fits).
+const DIRTY_WINDOW: u64 = 384 << 20;
+
+/// Share of the system's dirty-page allowance the kernel may hold for this mount where the
+/// fixed window cannot be set (a kernel before 6.2, or too little memory for it).
 const DIRTY_MAX_RATIO: u32 = 40;
 
 /// Tunes the mount's backing device (`/sys/class/bdi/MAJ:MIN`):
@@ -327,8 +336,11 @@ const DIRTY_MAX_RATIO: u32 = 40;
 /// - the dirty-page limits. The kernel's write-back cache buffers writes in the page cache and
 ///   sends them to us in batches, but for FUSE it defaults to a strict limit of 1% of the dirty
 ///   allowance, so a random writer is throttled to one small request at a time long before the
-///   disk is busy. Lifting it lets 4 KiB random writes run at page-cache speed; `close()` and
-///   `fsync()` still write every dirty page back to us before they return.
+///   disk is busy. The limit is set to a fixed window of [`DIRTY_WINDOW`] instead (strict, so
+///   writeback starts when this mount's own dirty pages pass it, not only the whole system's).
+///   Where that is refused, the limit is lifted as before (`strict_limit` 0, `max_ratio` 40),
+///   which keeps random writes fast but holds a big file's pages until `close()`.
+///   `close()` and `fsync()` write every dirty page back to us before they return either way.
 ///
 /// Only root may write these files; other users' mounts keep the kernel's defaults.
 pub fn tune_backing_device(mountpoint: &Path, read_ahead: u64) -> io::Result<()> {
@@ -339,15 +351,26 @@ pub fn tune_backing_device(mountpoint: &Path, read_ahead: u64) -> io::Result<()>
         format!("{bdi}/read_ahead_kb"),
         format!("{}\n", read_ahead / 1024),
     )?;
-    // Older kernels have no strict_limit knob; the ratio alone still helps there.
-    for (knob, value) in [("strict_limit", 0), ("max_ratio", DIRTY_MAX_RATIO)] {
-        if let Err(e) = std::fs::write(format!("{bdi}/{knob}"), format!("{value}\n")) {
+    let set = |knob: &str, value: u64| {
+        std::fs::write(format!("{bdi}/{knob}"), format!("{value}\n")).map_err(|e| {
             tracing::debug!(bdi, knob, "cannot set: {e}");
-        }
+            e
+        })
+    };
+    // max before min: the kernel refuses a minimum above the maximum (FUSE's is 1%).
+    let window = set("max_bytes", DIRTY_WINDOW)
+        .and_then(|_| set("min_bytes", DIRTY_WINDOW))
+        .and_then(|_| set("strict_limit", 1));
+    if window.is_err() {
+        // Older kernels have no strict_limit or *_bytes knobs; the ratio alone still helps.
+        let _ = set("min_bytes", 0);
+        let _ = set("strict_limit", 0);
+        let _ = set("max_ratio", u64::from(DIRTY_MAX_RATIO));
     }
     tracing::debug!(
         bdi,
         read_ahead_kb = read_ahead / 1024,
+        dirty_window = window.is_ok(),
         "backing device tuned"
     );
     Ok(())
