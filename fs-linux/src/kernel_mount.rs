@@ -327,6 +327,22 @@ fn unescape_mount_path(s: &str) -> String {
 /// writer runs at page-cache speed (the `fio` job of the benchmark, 256 MiB, fits).
 const DIRTY_WINDOW: u64 = 384 << 20;
 
+/// The window as a share of memory, at most: the window is also a minimum the kernel keeps for
+/// this mount out of the system's dirty-page allowance (about a fifth of memory), so on a small
+/// machine a fixed 384 MiB would leave other disks, the cache disk among them, too little.
+const DIRTY_WINDOW_MEMORY_SHARE: u64 = 16;
+
+/// [`DIRTY_WINDOW`], or a sixteenth of memory if that is less.
+fn dirty_window() -> u64 {
+    // SAFETY: sysinfo only fills the struct it is given.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return DIRTY_WINDOW;
+    }
+    let total = u64::from(info.totalram).saturating_mul(u64::from(info.mem_unit));
+    DIRTY_WINDOW.min(total / DIRTY_WINDOW_MEMORY_SHARE)
+}
+
 /// Share of the system's dirty-page allowance the kernel may hold for this mount where the
 /// fixed window cannot be set (a kernel before 6.2, or too little memory for it).
 const DIRTY_MAX_RATIO: u32 = 40;
@@ -358,8 +374,9 @@ pub fn tune_backing_device(mountpoint: &Path, read_ahead: u64) -> io::Result<()>
         })
     };
     // max before min: the kernel refuses a minimum above the maximum (FUSE's is 1%).
-    let window = set("max_bytes", DIRTY_WINDOW)
-        .and_then(|_| set("min_bytes", DIRTY_WINDOW))
+    let bytes = dirty_window();
+    let window = set("max_bytes", bytes)
+        .and_then(|_| set("min_bytes", bytes))
         .and_then(|_| set("strict_limit", 1));
     if window.is_err() {
         // Older kernels have no strict_limit or *_bytes knobs; the ratio alone still helps.

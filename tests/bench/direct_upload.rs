@@ -24,12 +24,55 @@ struct Args {
     bucket: String,
     #[arg(long)]
     key: String,
-    #[arg(long)]
-    file: PathBuf,
+    /// The file to upload (one object, in parts).
+    #[arg(long, required_unless_present = "dir")]
+    file: Option<PathBuf>,
+    /// A directory whose files are uploaded one request each, under `<key>/`.
+    #[arg(long, conflicts_with = "file")]
+    dir: Option<PathBuf>,
     #[arg(long, default_value_t = 32 << 20)]
     part_size: u64,
-    #[arg(long, default_value_t = 8)]
+    /// Requests at once: 8 parts of one file, or 32 small files with `--dir`.
+    #[arg(long)]
+    concurrency: Option<usize>,
+}
+
+/// Uploads every file of `dir` to `<prefix>/<name>`, `concurrency` at a time.
+async fn upload_dir(
+    store: Arc<GcsStore>,
+    dir: &std::path::Path,
+    prefix: &str,
     concurrency: usize,
+) -> anyhow::Result<f64> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let start = Instant::now();
+    stream::iter(files)
+        .map(|path| {
+            let store = store.clone();
+            async move {
+                let data = tokio::fs::read(&path).await?;
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .context("a file name that is not UTF-8")?;
+                store
+                    .put(
+                        &format!("{prefix}/{name}"),
+                        Bytes::from(data),
+                        Precondition::DoesNotExist,
+                        &WriteOptions::default(),
+                    )
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(start.elapsed().as_secs_f64())
 }
 
 #[tokio::main]
@@ -37,7 +80,13 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let opts = GcsOptions::resolve(Some(args.endpoint.clone()), None, true);
     let store = Arc::new(GcsStore::connect(&args.bucket, &opts).await?);
-    let file = Arc::new(std::fs::File::open(&args.file).context("opening the file")?);
+    if let Some(dir) = &args.dir {
+        let secs = upload_dir(store, dir, &args.key, args.concurrency.unwrap_or(32)).await?;
+        println!("{secs:.3}");
+        return Ok(());
+    }
+    let path = args.file.as_ref().context("--file or --dir")?;
+    let file = Arc::new(std::fs::File::open(path).context("opening the file")?);
     let size = file.metadata()?.len();
     let parts = size.div_ceil(args.part_size).max(1);
     let start = Instant::now();
@@ -65,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::Ok((part, meta.generation))
             }
         })
-        .buffered(args.concurrency)
+        .buffered(args.concurrency.unwrap_or(8))
         .try_collect()
         .await?;
 

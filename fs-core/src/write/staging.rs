@@ -124,6 +124,9 @@ impl StagingFile {
 
     /// Writes user data. The file grows as needed; a gap it leaves reads as zeros, as on a disk.
     pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        // Forget the runs first: a write that fails part-way may still have changed some of
+        // their bytes, and a run must never vouch for bytes it did not see.
+        self.crcs.forget(offset, offset + data.len() as u64);
         write_all_at(self.fd()?, data, offset)?;
         self.track_crc(offset, data);
         self.unflushed += data.len() as u64;
@@ -148,6 +151,7 @@ impl StagingFile {
         for gap in self.present.missing(offset..end) {
             let from = (gap.start - offset) as usize;
             let to = (gap.end - offset) as usize;
+            self.crcs.forget(gap.start, gap.end);
             write_all_at(self.fd()?, &data[from..to], gap.start)?;
             self.track_crc(gap.start, &data[from..to]);
             self.present.insert(gap);
@@ -230,18 +234,6 @@ impl StagingFile {
         Ok(crc)
     }
 
-    /// The file's bytes, for a version small enough to be journaled inline, with their
-    /// CRC32C; nothing is synced. It must be complete.
-    pub fn contents(&mut self) -> io::Result<(Vec<u8>, u32)> {
-        if !self.is_complete() {
-            return Err(io::Error::other("staging file is not complete"));
-        }
-        let data = self.read_at(0, self.size as usize)?;
-        let crc = crc32c::crc32c(&data);
-        self.crcs.set_whole(self.size, crc);
-        Ok((data, crc))
-    }
-
     /// CRC32C of the whole file, reading it if need be; it must be complete.
     pub fn crc32c(&mut self) -> io::Result<u32> {
         if !self.is_complete() {
@@ -277,7 +269,7 @@ impl CrcRuns {
         }
         let (mut start, mut end) = (offset, offset + data.len() as u64);
         let mut crc = crc32c::crc32c(data);
-        self.remove_overlapping(start, end);
+        self.forget(start, end);
         // Merge with the run ending where this one starts, and the one starting where it ends.
         if let Some((&s, &(e, c))) = self.runs.range(..start).next_back() {
             if e == start {
@@ -297,8 +289,8 @@ impl CrcRuns {
         }
     }
 
-    /// Drops every run with a byte in `start..end`.
-    fn remove_overlapping(&mut self, start: u64, end: u64) {
+    /// Drops every run with a byte in `start..end`: those bytes are about to change.
+    pub fn forget(&mut self, start: u64, end: u64) {
         let hit: Vec<u64> = self
             .runs
             .range(..end)
@@ -315,7 +307,7 @@ impl CrcRuns {
 
     /// The file is cut (or grown) to `len`: runs reaching past it are no longer whole.
     pub fn truncate(&mut self, len: u64) {
-        self.remove_overlapping(len, u64::MAX);
+        self.forget(len, u64::MAX);
     }
 
     /// The CRC32C of bytes `0..size`, if one run holds them all.
