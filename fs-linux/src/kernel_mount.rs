@@ -339,6 +339,7 @@ fn dirty_window() -> u64 {
     if unsafe { libc::sysinfo(&mut info) } != 0 {
         return DIRTY_WINDOW;
     }
+    #[allow(clippy::useless_conversion)] // c_ulong is 32 bits on some targets
     let total = u64::from(info.totalram).saturating_mul(u64::from(info.mem_unit));
     DIRTY_WINDOW.min(total / DIRTY_WINDOW_MEMORY_SHARE)
 }
