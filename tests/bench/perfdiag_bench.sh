@@ -4,15 +4,19 @@
 #   bash tests/bench/perfdiag_bench.sh       # RUNS=3 SIZE_MIB=128 RATE=40M LATENCY=20ms
 #
 # fake-gcs-server (filesystem backend) sits behind tests/proxy (link-proxy), which caps every
-# connection at RATE in both directions and delays each request by LATENCY. Each run measures,
+# connection at RATE in both directions and delays every request by LATENCY (--request-gap 0:
+# also a request that follows a quick answer on a kept-alive connection). Each run measures,
 # through the proxy:
-#   1. curl: 20 GETs of a 10 KiB object, one at a time: first-byte time (time_starttransfer);
-#   2. curl: one upload of a SIZE_MIB object (uploadType=media): single-stream write;
+#   1. curl: 20 GETs of a 10 KiB object, one after the other on one connection: the median
+#      first-byte time (time_starttransfer);
+#   2. curl: one upload of a SIZE_MIB object in one request, multipart/related as GCS clients
+#      (and bucketdrive) send it: single-stream write; and for reference the same bytes as a
+#      media upload, which the emulator takes faster;
 #   3. curl: one GET of that object: single-stream read;
-#   4. curl: 8, then 16 concurrent 8 MiB ranged GETs of it (xargs -P, 4 rounds each, one curl
-#      process and connection per GET): parallel read;
+#   4. curl: 8, then 16 curl processes at once (xargs -P), each GETting 16 8 MiB ranges of it
+#      one after the other on its connection, as perfdiag's workers do: parallel read;
 #   5. bucketdrive perfdiag --json with its defaults, timed from start to exit (deleting its
-#      objects included).
+#      objects included), and checked to leave no object behind.
 # Every figure is the median of RUNS runs. Needs no root and no FUSE.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,9 +46,15 @@ create_bucket bench
 head -c 10240 /dev/urandom > "$WORK/small"
 put_object bench small "$WORK/small"
 head -c "$SIZE" /dev/urandom > "$WORK/obj"
+{
+  printf -- '--bdbench\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{"name":"curl-obj"}\r\n'
+  printf -- '--bdbench\r\nContent-Type: application/octet-stream\r\n\r\n'
+  cat "$WORK/obj"
+  printf -- '\r\n--bdbench--\r\n'
+} > "$WORK/multipart"
 
 target/release/link-proxy --upstream "${EMU_URL#http://}" --rate "$RATE" --up-rate "$RATE" \
-  --latency "$LATENCY" > "$WORK/proxy.out" &
+  --latency "$LATENCY" --request-gap 0 > "$WORK/proxy.out" &
 PROXY_PID=$!
 for _ in $(seq 50); do [ -s "$WORK/proxy.out" ] && break; sleep 0.1; done
 PROXY=$(awk '{print $2}' "$WORK/proxy.out")
@@ -77,29 +87,49 @@ print("" if v is None else (f"{v:.1f}" if isinstance(v, float) else v))
 EOF
 }
 
-# c concurrent curl processes, 4 rounds: 4c ranged GETs of 8 MiB at distinct offsets.
+# c curl processes at once, each GETting 16 different 8 MiB ranges one after the other on its
+# connection (--next keeps it).
 par_read() {
-  local c=$1 n=$(($1 * 4)) s e
+  local c=$1 s e
   s=$(now)
-  seq 0 $((n - 1)) | SLOTS=$((SIZE / PART)) PART=$PART URL="$BASE/curl-obj?alt=media" \
-    xargs -P "$c" -I{} sh -c \
-    'off=$(( ({} % SLOTS) * PART )); curl -sf -o /dev/null -r "$off-$((off + PART - 1))" "$URL"'
+  seq 0 $((c - 1)) | SLOTS=$((SIZE / PART)) PART=$PART URL="$BASE/curl-obj?alt=media" \
+    xargs -P "$c" -I{} sh -c 'set -f; args=""
+      for r in $(seq 0 15); do
+        off=$(( (({} * 16 + r) % SLOTS) * PART ))
+        [ -z "$args" ] || args="$args --next"
+        args="$args -sf -o /dev/null -r $off-$((off + PART - 1)) $URL"
+      done
+      exec curl $args'
   e=$(now)
-  mbps $((n * PART)) "$s" "$e"
+  mbps $((c * 16 * PART)) "$s" "$e"
+}
+
+# One upload request of $WORK/obj as multipart/related (metadata, then the bytes), as the GCS
+# JSON API's one-request upload is sent; prints MB/s.
+upload_multipart() {
+  local s e
+  s=$(now)
+  curl -sf -o /dev/null -X POST -T "$WORK/multipart" -H 'Expect:' \
+    -H 'Content-Type: multipart/related; boundary=bdbench' \
+    "http://$PROXY/upload/storage/v1/b/bench/o?uploadType=multipart"
+  e=$(now)
+  mbps "$SIZE" "$s" "$e"
 }
 
 declare -A curl perfdiag
 keys=(latency write read par8 par16)
 for r in $(seq "$RUNS"); do
   echo "run $r/$RUNS: curl" >&2
-  ttfb=$(for _ in $(seq 20); do
-    curl -sf -o /dev/null -w '%{time_starttransfer}\n' "$BASE/small?alt=media"
-  done | median)
+  set -f
+  ttfb=$(curl -sf -w '%{time_starttransfer}\n' $(for _ in $(seq 20); do
+    echo "-o /dev/null $BASE/small?alt=media"; done) | median)
+  set +f
   curl[latency]+="$(awk -v t="$ttfb" 'BEGIN { printf "%.1f", t * 1000 }') "
   bps=$(curl -sf -o /dev/null -w '%{speed_upload}' -X POST -T "$WORK/obj" -H 'Expect:' \
     -H 'Content-Type: application/octet-stream' \
-    "http://$PROXY/upload/storage/v1/b/bench/o?uploadType=media&name=curl-obj")
-  curl[write]+="$(awk -v b="$bps" 'BEGIN { printf "%.1f", b / 1e6 }') "
+    "http://$PROXY/upload/storage/v1/b/bench/o?uploadType=media&name=curl-media")
+  curl[media]+="$(awk -v b="$bps" 'BEGIN { printf "%.1f", b / 1e6 }') "
+  curl[write]+="$(upload_multipart) "
   bps=$(curl -sf -o /dev/null -w '%{speed_download}' "$BASE/curl-obj?alt=media")
   curl[read]+="$(awk -v b="$bps" 'BEGIN { printf "%.1f", b / 1e6 }') "
   curl[par8]+="$(par_read 8) "
@@ -136,6 +166,7 @@ for k in "${keys[@]}"; do
   p=$(med ${perfdiag[$k]:-})
   echo "| ${label[$k]} | $c | ${p:-n/a} | $(ratio "$p" "$c") | ${curl[$k]}/ ${perfdiag[$k]:-} |"
 done
+echo "| for reference: curl media upload (uploadType=media), MB/s | $(med ${curl[media]}) | | | ${curl[media]}|"
 echo
 echo "perfdiag runtime (defaults, connect to exit): median $(med ${perfdiag[runtime]}) s (runs: ${perfdiag[runtime]}); limit 180 s"
 echo "knees and recommendation of the last run: read ×$(field "$WORK/report.json" read_parallel_curve.knee), composite write ×$(field "$WORK/report.json" write_parallel_curve.knee): $(field "$WORK/report.json" recommended.flags)"

@@ -279,7 +279,7 @@ fn sigterm_among_the_small_objects_deletes_them_all() -> Result<()> {
     assert_eq!(out.status.code(), Some(143), "stderr: {stderr}");
     anyhow::ensure!(stderr.contains("bucketdrive: terminated; "), "{stderr}");
     anyhow::ensure!(
-        seen.iter().any(|k| k.ends_with("/object")),
+        seen.iter().any(|k| k.contains("/object")),
         "the test object was there too: {seen:?}"
     );
     assert_eq!(emu.keys(BUCKET)?, before);

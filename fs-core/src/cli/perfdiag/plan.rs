@@ -10,14 +10,8 @@ use std::time::Duration;
 
 /// The size of the objects of the small-object steps.
 pub const SMALL_OBJECT_SIZE: u64 = 10 * 1024;
-/// Resumable chunks must be multiples of this, except the last.
-pub const CHUNK_GRANULE: u64 = 256 * 1024;
-/// The largest chunk of the single-stream write: each chunk is one request, so one first-byte
-/// wait per 32 MiB (about 2.5% of a chunk's time at 40 MB/s and 20 ms).
-pub const WRITE_CHUNK: u64 = 32 << 20;
-/// The first chunk of the single-stream write; each next one is twice the last, up to
-/// [`WRITE_CHUNK`]. Small first, so the rate is known before a chunk can overrun the time.
-pub const FIRST_CHUNK: u64 = 4 << 20;
+/// The first object of the single-stream write, whose rate sizes the second.
+pub const PROBE_SIZE: u64 = 4 << 20;
 /// Deletes in flight when temporary objects are removed.
 pub const DELETE_CONCURRENCY: usize = 32;
 /// GCS composes at most this many sources in one request.
@@ -26,8 +20,8 @@ pub const MAX_COMPOSE_SOURCES: usize = 32;
 /// How much each step may do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
-    /// The object the single-stream write makes and every read reads (smaller if the write
-    /// runs out of time).
+    /// The object the single-stream write makes and every read reads (smaller if the link is
+    /// too slow to write it in the step's time). Held in memory.
     pub object_size: u64,
     /// One ranged GET, and one part of a composite write.
     pub part_size: u64,
@@ -102,13 +96,6 @@ impl Plan {
         self.step_time * 2
     }
 
-    /// The chunk size of the single-stream write: [`WRITE_CHUNK`], or less for a small object,
-    /// always a multiple of [`CHUNK_GRANULE`] (a smaller object goes in one chunk).
-    pub fn write_chunk(&self) -> u64 {
-        let chunk = WRITE_CHUNK.min(self.object_size);
-        (chunk / CHUNK_GRANULE * CHUNK_GRANULE).max(CHUNK_GRANULE)
-    }
-
     /// Parts one composite write step uploads at most: its byte bound in parts, and no more
     /// than two levels of composes can join.
     pub fn max_parts(&self) -> usize {
@@ -139,16 +126,9 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_granules_and_parts_fit_two_compose_levels() {
+    fn parts_fit_two_compose_levels() {
         let mut p = Plan::default();
-        assert_eq!(p.write_chunk(), WRITE_CHUNK);
-        p.object_size = 20 << 20;
-        assert_eq!(p.write_chunk(), 20 << 20);
         assert_eq!(p.max_parts(), 64);
-        p.object_size = 1_000_000;
-        assert_eq!(p.write_chunk(), 3 * CHUNK_GRANULE);
-        p.object_size = 1000;
-        assert_eq!(p.write_chunk(), CHUNK_GRANULE);
         p.part_size = 1;
         p.step_bytes = 1 << 30;
         assert_eq!(p.max_parts(), 1024);

@@ -6,13 +6,14 @@
 //!
 //! 1. **First-byte latency:** one 10 KiB object, read again and again, one GET at a time: the
 //!    time from sending each GET to its first body bytes.
-//! 2. **Single-stream write:** the test object, sent in one resumable session, chunk after
-//!    chunk, from 4 MiB doubling to 32 MiB; a chunk that would end after the step's time at
-//!    the rate so far is cut to what fits and ends the object there.
+//! 2. **Single-stream write:** the test object in one request, as curl or a mount's
+//!    single-shot upload sends it. A first 4 MiB object shows the rate, and the test object is
+//!    as large as that rate fills in the rest of the step's time, at most `--object-size`.
 //! 3. **Single-stream read:** one GET of the whole test object.
 //! 4. **Ranged reads** at rising concurrency: that many workers GET `--part-size` ranges of
 //!    the test object, each as soon as its last one ended. Bytes are counted as they arrive,
-//!    so a step cut by its time counts exactly what came in its time.
+//!    up to the step's time or until the step's bytes are all asked for, so the figure is
+//!    what came in while every worker was busy.
 //! 5. **Composite writes** at rising concurrency: one parallel composite upload per step, as a
 //!    mount makes them: parts of `--part-size` uploaded by that many workers, then composed
 //!    (in a tree above 32 parts). The figure covers the parts and the compose.
@@ -38,11 +39,13 @@ use tokio::time::{timeout_at, Instant};
 
 use super::cleanup::{self, Written};
 use super::curve::{Curve, Stop};
-use super::plan::{Plan, CHUNK_GRANULE, FIRST_CHUNK, MAX_COMPOSE_SOURCES, SMALL_OBJECT_SIZE};
+use super::plan::{Plan, MAX_COMPOSE_SOURCES, PROBE_SIZE, SMALL_OBJECT_SIZE};
 use crate::store::{
-    ByteStream, ChunkOutcome, ObjectMeta, ObjectStore, Precondition, StoreError, StoreErrorKind,
-    StoreResult, WriteOptions,
+    ByteStream, ObjectMeta, ObjectStore, Precondition, StoreError, StoreErrorKind, StoreResult,
+    WriteOptions,
 };
+
+const MIB: u64 = 1 << 20;
 
 /// Told what the run is doing, for a progress bar.
 pub trait Observer: Send + Sync {
@@ -158,17 +161,14 @@ pub struct Runner<S: ObjectStore> {
     store: Arc<S>,
     plan: Plan,
     written: Arc<Written>,
-    /// Random bytes; every payload is a slice of them.
+    /// Random bytes, as many as the largest object; every payload is a slice of them.
     data: Bytes,
 }
 
 impl<S: ObjectStore> Runner<S> {
     /// A runner writing under `written`'s root. The plan must have passed [`Plan::check`].
     pub fn new(store: Arc<S>, plan: Plan, written: Arc<Written>) -> Self {
-        let len = plan
-            .part_size
-            .max(plan.write_chunk())
-            .max(SMALL_OBJECT_SIZE);
+        let len = plan.part_size.max(plan.object_size).max(SMALL_OBJECT_SIZE);
         // One random MiB, repeated: incompressible to anything on the way, and quick to make.
         let mut block = vec![0u8; 1 << 20];
         rand::thread_rng().fill_bytes(&mut block);
@@ -360,7 +360,8 @@ impl<S: ObjectStore> Runner<S> {
         Ok(samples)
     }
 
-    /// Writes the test object in one resumable session, chunk after chunk.
+    /// Writes the test object in one request, as large as fits in the step's time at the rate
+    /// a first, smaller request showed.
     pub(super) async fn write_single(
         &self,
         obs: &dyn Observer,
@@ -369,69 +370,45 @@ impl<S: ObjectStore> Runner<S> {
         const LABEL: &str = "single-stream write";
         obs.start(LABEL);
         let fail = |e: StoreError| describe("writing the test object", &e);
-        let key = self.key("object");
-        self.written.add(&key);
         let until = (Instant::now() + self.plan.single_time()).min(end);
-        let start = Instant::now();
-        let session = self
-            .store
-            .start_resumable(&key, Precondition::None, &WriteOptions::default())
+        let probe_size = PROBE_SIZE.min(self.plan.object_size);
+        let probe = self
+            .put_timed("object-probe", probe_size)
             .await
             .map_err(fail)?;
-        let max_chunk = self.plan.write_chunk();
-        let mut chunk = FIRST_CHUNK.min(max_chunk);
-        let (mut offset, mut total, mut stalls) = (0u64, None, 0);
-        loop {
-            let goal = total.unwrap_or(self.plan.object_size);
-            let mut len = chunk.min(goal - offset);
-            if total.is_none() {
-                // At the rate so far, what still fits in the time: a chunk cut to it is the
-                // last, so the write ends near its time even on a slow link.
-                if offset > 0 {
-                    let rate = offset as f64 / start.elapsed().as_secs_f64().max(1e-6);
-                    let left = until.saturating_duration_since(Instant::now());
-                    let fits = (rate * left.as_secs_f64()) as u64 / CHUNK_GRANULE * CHUNK_GRANULE;
-                    if fits < len {
-                        len = fits.max(CHUNK_GRANULE).min(len);
-                        total = Some(offset + len);
-                    }
-                }
-                if offset + len == goal {
-                    total = Some(goal);
-                }
-            }
-            if len == 0 {
-                return Err("writing the test object: the store did not finish the upload".into());
-            }
-            let ends = total.filter(|t| *t == offset + len);
-            let outcome = self
-                .store
-                .upload_chunk(&session, offset, self.data.slice(..len as usize), ends)
-                .await
-                .map_err(fail)?;
-            chunk = (chunk * 2).min(max_chunk);
-            match outcome {
-                ChunkOutcome::Done(meta) => {
-                    let t = Transfer {
-                        bytes: meta.size,
-                        elapsed: start.elapsed(),
-                    };
-                    obs.finish(LABEL, &format!("{:.1} MB/s", t.mbps()));
-                    return Ok((meta, t));
-                }
-                ChunkOutcome::Incomplete { persisted } => {
-                    // The store may keep less than was sent; the rest is sent again.
-                    stalls = if persisted > offset { 0 } else { stalls + 1 };
-                    if stalls > 3 || persisted > goal {
-                        return Err(format!(
-                            "writing the test object: the upload does not advance (the store \
-                             kept {persisted} bytes)"
-                        ));
-                    }
-                    offset = persisted;
-                }
-            }
-        }
+        let rate = probe.1.bytes as f64 / probe.1.elapsed.as_secs_f64().max(1e-6);
+        let left = until.saturating_duration_since(Instant::now());
+        let fits = ((rate * left.as_secs_f64()) as u64 / MIB * MIB).min(self.plan.object_size);
+        let (meta, t) = if fits > probe_size {
+            let object = self.put_timed("object", fits).await.map_err(fail)?;
+            cleanup::delete(&*self.store, &self.written, vec![probe.0.key]).await;
+            object
+        } else {
+            probe
+        };
+        obs.finish(LABEL, &format!("{:.1} MB/s", t.mbps()));
+        Ok((meta, t))
+    }
+
+    /// One put of `size` bytes under `name`, timed.
+    async fn put_timed(&self, name: &str, size: u64) -> StoreResult<(ObjectMeta, Transfer)> {
+        let key = self.key(name);
+        self.written.add(&key);
+        let start = Instant::now();
+        let meta = self
+            .store
+            .put(
+                &key,
+                self.data.slice(..size as usize),
+                Precondition::None,
+                &WriteOptions::default(),
+            )
+            .await?;
+        let t = Transfer {
+            bytes: size,
+            elapsed: start.elapsed(),
+        };
+        Ok((meta, t))
     }
 
     /// One GET of the whole test object.
@@ -464,7 +441,10 @@ impl<S: ObjectStore> Runner<S> {
         Ok(t)
     }
 
-    /// `c` workers reading ranges of the test object until `until` or the step's bytes.
+    /// `c` workers reading ranges of the test object until `until` or the step's bytes. The
+    /// figure covers the time while every worker was busy: it ends at `until`, or when the
+    /// first worker finds the bytes used up (the ranges still arriving then are its tail,
+    /// with fewer streams at work, and are not counted).
     pub(super) async fn read_step(
         &self,
         object: &ObjectMeta,
@@ -476,15 +456,22 @@ impl<S: ObjectStore> Runner<S> {
         let budget = self.plan.step_bytes;
         let next = Arc::new(AtomicU64::new(0));
         let bytes = Arc::new(AtomicU64::new(0));
+        let cut = Arc::new(Mutex::new(None::<(Instant, u64)>));
         let start = Instant::now();
         let mut set = JoinSet::new();
         for _ in 0..c {
-            let (store, next, bytes) = (self.store.clone(), next.clone(), bytes.clone());
+            let (store, next, bytes, cut) =
+                (self.store.clone(), next.clone(), bytes.clone(), cut.clone());
             let (key, generation) = (object.key.clone(), object.generation);
             set.spawn(async move {
                 loop {
                     let k = next.fetch_add(1, Ordering::SeqCst);
-                    if k.saturating_mul(part) >= budget || Instant::now() >= until {
+                    if k.saturating_mul(part) >= budget {
+                        cut.lock()
+                            .get_or_insert_with(|| (Instant::now(), bytes.load(Ordering::SeqCst)));
+                        return Ok(());
+                    }
+                    if Instant::now() >= until {
                         return Ok(());
                     }
                     let offset = (k % slots) * part;
@@ -501,8 +488,11 @@ impl<S: ObjectStore> Runner<S> {
         join(set)
             .await
             .map_err(|e| describe("reading the test object", &e))?;
-        let elapsed = Instant::now().min(until) - start;
-        Ok((mbps(bytes.load(Ordering::SeqCst), elapsed), ()))
+        let (end, moved) = match *cut.lock() {
+            Some((at, moved)) if at < until => (at, moved),
+            _ => (Instant::now().min(until), bytes.load(Ordering::SeqCst)),
+        };
+        Ok((mbps(moved, end - start), ()))
     }
 
     /// One parallel composite upload with `c` workers: parts until `until` (or the step's

@@ -245,12 +245,13 @@ async fn a_shaped_link_is_measured_where_its_caps_are_and_leaves_nothing_behind(
         "{:?}",
         m.read_single
     );
-    // The session and each of its three chunks (4, 8 and 4 MiB) wait 5 ms: 4% of 0.42 s.
+    // One request for the whole object, after a 4 MiB one that showed the rate.
     assert!(
-        near(m.write_single.mbps(), 38.4, 0.02),
+        near(m.write_single.mbps(), 40.0, 0.03),
         "{:?}",
         m.write_single
     );
+    assert_eq!(m.write_single.bytes, 16 * MIB);
     assert_eq!(m.read_single.bytes, 16 * MIB);
 
     // One connection gets 40 MB/s; four fill the 160 MB/s; more only share it.
@@ -321,13 +322,14 @@ async fn every_step_is_bounded_by_its_time_on_a_slow_link() {
     let m = runner.run(&Quiet).await.unwrap();
     let took = started.elapsed();
     assert!(took <= plan.time_limit + plan.step_time, "{took:?}");
-    // The single-stream write cut its last chunk to end near its 8 s.
+    // The single-stream write: 4 MiB took 4.3 s, so the second object would not have fit in
+    // the rest of its 8 s; the first is the test object.
     assert!(
         m.write_single.elapsed <= plan.single_time() + Duration::from_secs(1),
         "{:?}",
         m.write_single
     );
-    assert!(m.write_single.bytes < plan.object_size);
+    assert_eq!(m.write_single.bytes, 4 * MIB);
     assert!(
         near(m.write_single.mbps(), 1.0, 0.1),
         "{:?}",
@@ -337,6 +339,48 @@ async fn every_step_is_bounded_by_its_time_on_a_slow_link() {
     assert!(m.read.points.iter().all(|p| p.rate > 0.0), "{:?}", m.read);
     remove_all(&*link, &written, Duration::ZERO).await.unwrap();
     assert_eq!(link.inner.keys(), vec!["data/keep.txt", "other"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_single_stream_write_sends_what_fits_in_its_time() {
+    // 10 MB/s and 100 ms: the 4 MiB probe shows about 8 MB/s, so about 58 MB fit in the
+    // 7.5 s left of the step's 8 s, less than the 128 MiB asked for.
+    let plan = Plan::default();
+    let (link, written, runner) = setup(Link::new(100, 10.0, 40.0), plan.clone());
+    let end = tokio::time::Instant::now() + plan.time_limit;
+    let (object, t) = runner.write_single(&Quiet, end).await.unwrap();
+    assert_eq!(object.key, format!("{ROOT}object"));
+    assert_eq!(object.size, t.bytes);
+    assert!((50 * MIB..=60 * MIB).contains(&t.bytes), "{t:?}");
+    assert!(t.elapsed < plan.single_time(), "{t:?}");
+    assert!(
+        near(t.mbps(), 10.0, 0.03),
+        "one request at the link's rate: {t:?}"
+    );
+    // The probe was deleted once the test object was written.
+    assert_eq!(written.pending(), vec![format!("{ROOT}object")]);
+    assert!(link
+        .inner
+        .object_bytes(&format!("{ROOT}object-probe"))
+        .is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_step_counts_only_while_every_worker_is_busy() {
+    // Nine 4 MiB ranges for four workers: two rounds at 40 MB/s each, then one range alone.
+    let plan = Plan {
+        step_bytes: 9 * 4 * MIB,
+        ..small_plan()
+    };
+    let (link, _written, runner) = setup(Link::new(5, 40.0, 160.0), plan);
+    let object = link
+        .inner
+        .insert(&format!("{ROOT}object"), vec![0u8; 16 << 20]);
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    let (rate, ()) = runner.read_step(&object, 4, until).await.unwrap();
+    // Four streams of 40 MB/s, each waiting 5 ms per range; the lone ninth range, which
+    // would pull the figure down to about 115 MB/s, is not counted.
+    assert!(near(rate, 152.7, 0.03), "{rate}");
 }
 
 #[tokio::test(start_paused = true)]
