@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use fs_core::cli::options::CommonArgs;
+use fs_core::cli::perfdiag::PerfdiagArgs;
 use fs_core::config::{parse_mode, parse_size};
 
 #[derive(Parser)]
@@ -47,6 +48,10 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Measure the link to BUCKET[/PREFIX] (latency, single-stream and parallel reads and
+    /// writes, small objects) and recommend mount options. Writes test objects under a
+    /// temporary prefix and deletes them at the end, also on Ctrl-C.
+    Perfdiag(Box<PerfdiagArgs>),
     /// Print a completion script for SHELL to stdout.
     Completions { shell: clap_complete::Shell },
     /// Write the man pages into DIR (used to build packages).
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Mount(args) => mount::run(*args),
+        Command::Perfdiag(args) => fs_core::cli::perfdiag::command(*args),
         Command::Completions { shell } => completions::print_completions(shell),
         Command::Manpages { dir } => completions::write_manpages(&dir),
         Command::Status { mountpoint, wait } => match control::status_command(&mountpoint, wait) {

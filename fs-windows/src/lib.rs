@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use fs_core::cli::options::CommonArgs;
+use fs_core::cli::perfdiag::PerfdiagArgs;
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +57,10 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Measure the link to BUCKET[/PREFIX] (latency, single-stream and parallel reads and
+    /// writes, small objects) and recommend mount options. Writes test objects under a
+    /// temporary prefix and deletes them at the end, also on Ctrl-C.
+    Perfdiag(Box<PerfdiagArgs>),
 }
 
 /// Options of `bucketdrive.exe mount`.
@@ -89,6 +94,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Mount(args) => return mount::run(*args),
+        Command::Perfdiag(args) => return fs_core::cli::perfdiag::command(*args),
         Command::Status { mountpoint, wait } => {
             let pipe = control::pipe_name(&mountpoint);
             fs_core::cli::progress::status_command(&|what| control::request(&pipe, what), wait)

@@ -8,9 +8,10 @@
 //! bytes the same way, for uploads.
 //!
 //! Requests. The proxy does not parse HTTP. A request starts with the first client bytes of a
-//! connection, or with client bytes that follow a quiet moment once the server has answered
-//! the previous request (HTTP/1.1 clients send one request at a time per connection, and wait
-//! for the answer before sending the next; a `100 Continue` is not an answer).
+//! connection, or with client bytes that follow a quiet moment (`--request-gap`) once the
+//! server has answered the previous request (HTTP/1.1 clients send one request at a time per
+//! connection, and wait for the answer before sending the next; a `100 Continue` is not an
+//! answer).
 //!
 //! Faults, all off by default and all drawn from one random generator seeded with `--seed`:
 //! - resets: per MiB relayed in a direction, the chance that the connection is reset (both
@@ -65,6 +66,13 @@ struct Args {
     /// Delay before each request is forwarded.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20ms")]
     latency: Duration,
+    /// Quiet time on the client side, after the server has answered, before client bytes count
+    /// as a new request. With the default, a request sent within 2 ms of the previous
+    /// request's last bytes (a quick answer on a kept-alive connection) is taken for more of
+    /// the same request, and is neither delayed nor judged for faults; 0 makes every request
+    /// after an answer a new one.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2ms")]
+    request_gap: Duration,
     /// Seed of every random fault decision (default: a random seed, printed at start).
     #[arg(long)]
     seed: Option<u64>,
@@ -124,8 +132,6 @@ fn parse_probability(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A gap in client traffic longer than this may start a new request.
-const REQUEST_GAP: Duration = Duration::from_millis(2);
 /// An idle connection earns no bandwidth credit for later.
 const IDLE_RESET: Duration = Duration::from_millis(50);
 /// How long a refused client may take to read the 503 and close its side.
@@ -442,7 +448,9 @@ async fn pump_up(
         };
         let new_request = match last {
             None => true,
-            Some(t) => t.elapsed() > REQUEST_GAP && conn.answered.swap(false, Ordering::SeqCst),
+            Some(t) => {
+                t.elapsed() >= link.args.request_gap && conn.answered.swap(false, Ordering::SeqCst)
+            }
         };
         if new_request {
             match link.judge_request() {

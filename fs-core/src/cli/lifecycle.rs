@@ -11,7 +11,7 @@ use tokio::runtime::Runtime;
 use super::options::CommonArgs;
 use crate::config::MountConfig;
 use crate::read::ReadCache;
-use crate::store::gcs::{GcsOptions, GcsStore};
+use crate::store::gcs::GcsStore;
 use crate::store::ObjectStore;
 use crate::write::cache_dir::CacheRoot;
 use crate::Filesystem;
@@ -37,11 +37,7 @@ pub fn open_filesystem(
     prefix: &str,
     platform: impl FnOnce(&mut MountConfig),
 ) -> Result<Arc<Filesystem<GcsStore>>, String> {
-    let opts = GcsOptions::resolve(
-        common.endpoint.clone(),
-        common.key_file.clone(),
-        common.anonymous,
-    );
+    let opts = common.store.gcs_options();
     tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
     crate::platform::raise_fd_limit();
     let store = rt

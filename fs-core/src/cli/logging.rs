@@ -138,6 +138,22 @@ pub fn init(
         .map_err(|e| format!("cannot set up logging: {e}"))
 }
 
+/// Logging for a command that runs attached and ends (`perfdiag`): text on standard error at
+/// `level` (`RUST_LOG` overrides it), under the same secret ceilings as a mount's log.
+pub fn init_stderr(level: &str) -> Result<(), String> {
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let layer = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .with_filter(filter(level, &[])?);
+    tracing_subscriber::registry()
+        .with(layer)
+        .try_init()
+        .map_err(|e| format!("cannot set up logging: {e}"))
+}
+
 /// Where a subscriber built by [`build`] writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Sink {

@@ -1,4 +1,6 @@
-//! Mount options both platforms take, and the configuration they make.
+//! Mount options both platforms take, and the configuration they make; and [`StoreArgs`], the
+//! flags that say where the bucket is and who asks, shared by every command that talks to it
+//! (`mount`, `perfdiag`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,13 +9,15 @@ use clap::Args;
 
 use crate::config::{parse_size, MountConfig};
 use crate::read::cache::{ReadCacheConfig, LOCK_WAIT, SUBDIR as READ_CACHE_SUBDIR};
+use crate::store::gcs::GcsOptions;
 use crate::write::cache_dir::CacheRoot;
 use crate::write::upload::UploadMode;
 use crate::write::writeback::WriteConfig;
 
-/// Options of `bucketdrive mount` that mean the same on Linux and Windows.
-#[derive(Args, Debug, Clone)]
-pub struct CommonArgs {
+/// Where the bucket's API is and which credentials to send: the same flags for every command
+/// that talks to a bucket.
+#[derive(Args, Debug, Clone, Default)]
+pub struct StoreArgs {
     /// JSON API endpoint, e.g. http://127.0.0.1:4443. Default: STORAGE_EMULATOR_HOST if set,
     /// else https://storage.googleapis.com.
     #[arg(long)]
@@ -24,6 +28,21 @@ pub struct CommonArgs {
     /// Send no credentials (public buckets, emulators). Implied by STORAGE_EMULATOR_HOST.
     #[arg(long)]
     pub anonymous: bool,
+}
+
+impl StoreArgs {
+    /// The endpoint and credentials these flags (and `STORAGE_EMULATOR_HOST`) name.
+    pub fn gcs_options(&self) -> GcsOptions {
+        GcsOptions::resolve(self.endpoint.clone(), self.key_file.clone(), self.anonymous)
+    }
+}
+
+/// Options of `bucketdrive mount` that mean the same on Linux and Windows.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Endpoint and credentials.
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// How long file and directory attributes are cached.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub stat_ttl: Duration,
