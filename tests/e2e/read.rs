@@ -398,3 +398,91 @@ fn unchanged_listings_are_cached_in_the_kernel() -> Result<()> {
     assert_eq!(names_in(&d)?, ["b", "c", "z"]);
     m.unmount()
 }
+
+/// The sum of the samples of `name` (any labels) that a mount's `/metrics` shows.
+fn metric(addr: &str, name: &str) -> Result<f64> {
+    let text = ureq::get(&format!("http://{addr}/metrics"))
+        .timeout(Duration::from_secs(10))
+        .call()?
+        .into_string()?;
+    let labelled = format!("{name}{{");
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| *series == name || series.starts_with(&labelled))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum())
+}
+
+/// Disk bytes the files under `dir` take (sparse holes excluded).
+fn disk_use(dir: &std::path::Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let m = std::fs::symlink_metadata(e?.path())?;
+        n += m.blocks() * 512;
+    }
+    Ok(n)
+}
+
+#[test]
+fn read_cache_serves_a_reread_after_remount_and_never_a_replaced_object() -> Result<()> {
+    let emu = setup("rcache")?;
+    let old = random_bytes(40 * MIB + 12_345, 11);
+    let new = random_bytes(40 * MIB + 12_345, 12);
+    emu.put("rcache", "f.bin", &old)?;
+    let rc = tempfile::Builder::new().prefix("bd-rcache").tempdir()?;
+    let rc_dir = rc.path().to_string_lossy().into_owned();
+    let objects = rc.path().join("bucketdrive-read-cache").join("objects");
+    // Reads the file through a fresh mount; returns its sha256, the bytes downloaded and the
+    // bytes served from the read cache.
+    let read = |extra: &[&str]| -> Result<(String, f64, f64)> {
+        let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+        let mut args = vec!["--read-cache-dir", &rc_dir, "--metrics-addr", &addr];
+        args.extend_from_slice(extra);
+        let m = Mount::new(&emu, "rcache", &args)?;
+        let sum = sha256(&std::fs::read(m.path().join("f.bin"))?);
+        let fetched = metric(&addr, "bucketdrive_fetched_bytes_total")?;
+        let hits = metric(&addr, "bucketdrive_read_cache_hit_bytes_total")?;
+        m.unmount()?;
+        Ok((sum, fetched, hits))
+    };
+
+    let (sum, fetched, hits) = read(&[])?;
+    assert_eq!(sum, sha256(&old), "first read");
+    assert!(
+        fetched >= old.len() as f64,
+        "first read downloads: {fetched}"
+    );
+    assert_eq!(hits, 0.0);
+
+    let (sum, fetched, hits) = read(&[])?;
+    assert_eq!(sum, sha256(&old), "re-read after remount");
+    assert_eq!(fetched, 0.0, "the re-read downloads nothing");
+    assert!(
+        hits >= old.len() as f64,
+        "it is served from the cache: {hits}"
+    );
+
+    // Replaced in the bucket (same size): the next mount reads the new bytes, from the bucket.
+    emu.put("rcache", "f.bin", &new)?;
+    let (sum, fetched, hits) = read(&[])?;
+    assert_eq!(sum, sha256(&new), "a replaced object is read new");
+    assert!(fetched >= new.len() as f64, "{fetched}");
+    assert_eq!(hits, 0.0, "nothing of the old generation is served");
+    let (sum, fetched, _) = read(&[])?;
+    assert_eq!(sum, sha256(&new));
+    assert_eq!(fetched, 0.0, "and is cached in turn");
+
+    // A cap below the object: reads stay right, the disk use stays under it.
+    let (sum, _, _) = read(&["--read-cache-size", "8MiB"])?;
+    assert_eq!(sum, sha256(&new));
+    let used = disk_use(&objects)?;
+    assert!(used <= 8 * MIB as u64, "{used} bytes on disk");
+    let (sum, fetched, hits) = read(&["--read-cache-size", "8MiB"])?;
+    assert_eq!(sum, sha256(&new));
+    assert!(hits > 0.0 && fetched < new.len() as f64, "{hits} {fetched}");
+    assert!(disk_use(&objects)? <= 8 * MIB as u64);
+    Ok(())
+}

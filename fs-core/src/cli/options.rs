@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config::{parse_size, MountConfig};
-use crate::read::cache::{ReadCacheConfig, LOCK_WAIT, SUBDIR as READ_CACHE_SUBDIR};
+use crate::read::cache::{fill_queue_for, ReadCacheConfig, LOCK_WAIT, SUBDIR as READ_CACHE_SUBDIR};
 use crate::store::gcs::GcsOptions;
 use crate::write::cache_dir::CacheRoot;
 use crate::write::upload::UploadMode;
@@ -206,6 +206,7 @@ impl CommonArgs {
             root,
             size: self.read_cache_size,
             lock_wait: LOCK_WAIT,
+            fill_queue: fill_queue_for(self.max_read_memory),
         }))
     }
 
@@ -267,6 +268,7 @@ mod tests {
                 root: PathBuf::from("/var/cache/w/bucketdrive-read-cache"),
                 size: crate::read::cache::DEFAULT_SIZE,
                 lock_wait: LOCK_WAIT,
+                fill_queue: 256 << 20,
             })),
             "the same named directory is fine: each works in its own sub-directory"
         );

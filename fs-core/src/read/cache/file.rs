@@ -41,6 +41,8 @@ pub const PAGE: u64 = 4096;
 const MAGIC: &[u8; 8] = b"BDRCACH1";
 pub(super) const HEADER_LEN: u64 = 4096;
 const RECORD_LEN: u64 = 8;
+/// Blocks read and checked at a time on read-back (1 MiB).
+const CHECK_CHUNK: u64 = 16;
 
 /// Exactly one generation of one object: what a cache file holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,18 +279,31 @@ pub fn read_blocks(
         // Shorter than its records: what is missing was never written.
         return Ok(Err(blocks.collect()));
     }
-    let mut data = vec![0u8; (end - start) as usize];
-    platform::read_exact_at(file, &mut data, start)?;
     let mut records = vec![0u8; ((blocks.end - blocks.start) * RECORD_LEN) as usize];
     platform::read_exact_at(file, &mut records, id.record_at(blocks.start))?;
+    let mut data = vec![0u8; (end - start) as usize];
     let mut bad = Vec::new();
-    for (n, r) in records.chunks_exact(RECORD_LEN as usize).enumerate() {
-        let i = blocks.start + n as u64;
-        let range = id.block_range(i);
-        let bytes = &data[(range.start - start) as usize..(range.end - start) as usize];
-        if id.parse_record(i, r) != Some(crc32c::crc32c(bytes)) {
-            bad.push(i);
+    // A chunk at a time, each checked while it is still in the CPU's cache.
+    let mut first = blocks.start;
+    while first < blocks.end {
+        let last = (first + CHECK_CHUNK).min(blocks.end);
+        let (from, to) = (
+            id.block_range(first).start - start,
+            id.block_range(last - 1).end - start,
+        );
+        let chunk = &mut data[from as usize..to as usize];
+        platform::read_exact_at(file, chunk, start + from)?;
+        for i in first..last {
+            let range = id.block_range(i);
+            let at = (range.start - start - from) as usize;
+            let bytes = &chunk[at..at + (range.end - range.start) as usize];
+            let n = ((i - blocks.start) * RECORD_LEN) as usize;
+            let record = &records[n..n + RECORD_LEN as usize];
+            if id.parse_record(i, record) != Some(crc32c::crc32c(bytes)) {
+                bad.push(i);
+            }
         }
+        first = last;
     }
     Ok(if bad.is_empty() {
         Ok(Bytes::from(data))

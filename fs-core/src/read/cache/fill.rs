@@ -1,9 +1,12 @@
 //! Filling the cache off the read path: a bounded queue and one writer thread.
 //!
 //! A reader that fetched bytes from the bucket hands them over with [`Queue::offer`], which
-//! never blocks and copies nothing (`Bytes` are shared). When more than [`QUEUE_LIMIT`] bytes
-//! already wait, the offer is dropped and counted: a slow or busy disk never slows a read, it
-//! only means those blocks come from the bucket again next time.
+//! never blocks and copies nothing (`Bytes` are shared). The queue holds at most its limit in
+//! bytes (`ReadCacheConfig::fill_queue`, a quarter of `--max-read-memory`): enough to absorb
+//! the bursts of a window of parts arriving together, and a disk somewhat slower than the
+//! link for the length of a large file. Past it, the offer is dropped and counted: a slow or
+//! busy disk never slows a read, it only means those blocks come from the bucket again next
+//! time.
 //!
 //! One thread does every write, so cache files are created, filled and completed in one
 //! order, and the index only ever has one reservation outstanding. Each job reserves its
@@ -29,9 +32,6 @@ use parking_lot::{Condvar, Mutex};
 use super::file::{self, Identity, BLOCK};
 use super::Shared;
 
-/// Most fetched bytes waiting to be written. Eight 8 MiB read-ahead parts fit at once.
-pub const QUEUE_LIMIT: u64 = 64 * 1024 * 1024;
-
 /// Whole blocks of one object, starting at block `first`.
 pub struct Job {
     pub id: Arc<Identity>,
@@ -47,18 +47,27 @@ struct State {
     closed: bool,
 }
 
-#[derive(Default)]
 pub struct Queue {
     state: Mutex<State>,
     changed: Condvar,
+    /// Most bytes waiting.
+    limit: u64,
 }
 
 impl Queue {
+    pub fn new(limit: u64) -> Queue {
+        Queue {
+            state: Mutex::default(),
+            changed: Condvar::new(),
+            limit,
+        }
+    }
+
     /// Queues `job` unless the queue is full or closed; never waits.
     pub fn offer(&self, job: Job) -> bool {
         let mut s = self.state.lock();
         let len = job.data.len() as u64;
-        if s.closed || s.bytes + len > QUEUE_LIMIT {
+        if s.closed || s.bytes + len > self.limit {
             return false;
         }
         s.bytes += len;

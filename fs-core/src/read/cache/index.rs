@@ -250,7 +250,9 @@ impl Index {
         let mut chosen = Vec::new();
         let mut cost = 0;
         for i in blocks.start..blocks.end.min(id.blocks()) {
-            let state = states.map_or(Block::Absent, |s| s[i as usize]);
+            let state = states
+                .and_then(|s| s.get(i as usize).copied())
+                .unwrap_or(Block::Absent);
             let c = match state {
                 Block::Absent => id.block_charge(i),
                 Block::Dropped => 0,
@@ -296,7 +298,9 @@ impl Index {
         self.used += need;
         if let Some(states) = e.blocks.as_mut() {
             for &i in &chosen {
-                states[i as usize] = Block::Pending;
+                if let Some(s) = states.get_mut(i as usize) {
+                    *s = Block::Pending;
+                }
             }
         }
         Some(Reserved {

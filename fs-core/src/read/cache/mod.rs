@@ -24,8 +24,8 @@
 //!   opens a file recreated under the same name checks every block and, finding the entry
 //!   changed, quietly goes to the bucket.
 //! - **Filling never slows a read.** Fetched bytes are queued for one writer thread
-//!   ([`fill`]) and dropped when the queue is full; the reader never waits for the disk. Hits
-//!   are read on the blocking pool.
+//!   ([`fill`]), up to a quarter of `--max-read-memory`, and dropped when the queue is full;
+//!   the reader never waits for the disk. Hits are read on the blocking pool.
 //! - **Kept across remounts.** At start-up the directory is scanned (names and sizes only);
 //!   a file's records are read when it is first opened. Recency survives through file times.
 //!
@@ -76,6 +76,14 @@ pub struct ReadCacheConfig {
     pub size: u64,
     /// How long to wait for the directory's lock ([`LOCK_WAIT`]).
     pub lock_wait: Duration,
+    /// Most fetched bytes held in memory while they wait to be written ([`fill_queue_for`]).
+    pub fill_queue: u64,
+}
+
+/// The fill queue of a mount whose read-ahead may use `max_read_memory`: a quarter of it, at
+/// least 32 MiB, on top of it.
+pub fn fill_queue_for(max_read_memory: u64) -> u64 {
+    (max_read_memory / 4).max(32 << 20)
 }
 
 /// What the cache has done since it was opened; for tests, benchmarks and logs.
@@ -212,7 +220,7 @@ impl ReadCache {
         let shared = Arc::new(Shared {
             objects,
             index: Mutex::new(index),
-            queue: fill::Queue::default(),
+            queue: fill::Queue::new(cfg.fill_queue),
             counters: Counters::default(),
             paused_until: Mutex::new(None),
             warned: AtomicBool::new(false),

@@ -27,11 +27,14 @@ fn cfg() -> PrefetchConfig {
     }
 }
 
+const QUEUE: u64 = 64 << 20;
+
 fn open(dir: &Path, size: u64) -> ReadCache {
     ReadCache::open(&ReadCacheConfig {
         root: dir.join(SUBDIR),
         size,
         lock_wait: Duration::ZERO,
+        fill_queue: QUEUE,
     })
     .unwrap()
 }
@@ -476,7 +479,7 @@ async fn reads_never_wait_for_the_cache_writer() {
     assert!(got == data);
     let s = cache.stats();
     assert!(
-        s.skipped_bytes >= data.len() as u64 - fill::QUEUE_LIMIT - (8 << 20),
+        s.skipped_bytes >= data.len() as u64 - QUEUE - (8 << 20),
         "{s:?}"
     );
     drop(gate);
@@ -516,6 +519,7 @@ fn two_mounts_cannot_share_a_read_cache_and_files_are_private() {
         root: dir.path().join(SUBDIR),
         size: 1 << 20,
         lock_wait: Duration::from_millis(300),
+        fill_queue: QUEUE,
     })
     .unwrap_err();
     assert!(
