@@ -34,6 +34,7 @@ for path in \
   ./usr/share/man/man1/bucketdrive-mount.1.gz \
   ./usr/share/man/man1/bucketdrive-unmount.1.gz \
   ./usr/share/man/man1/bucketdrive-status.1.gz \
+  ./usr/share/man/man1/bucketdrive-perfdiag.1.gz \
   ./usr/share/bash-completion/completions/bucketdrive \
   ./usr/share/zsh/vendor-completions/_bucketdrive \
   ./usr/share/fish/vendor_completions.d/bucketdrive.fish \
@@ -41,6 +42,7 @@ for path in \
   ./usr/share/doc/bucketdrive/mounting.md \
   ./usr/share/doc/bucketdrive/logging.md \
   ./usr/share/doc/bucketdrive/metrics.md \
+  ./usr/share/doc/bucketdrive/perfdiag.md \
   ./usr/share/doc/bucketdrive/copyright; do
   grep -qxF -- "$path" <<<"$contents" || miss "$path"
 done
