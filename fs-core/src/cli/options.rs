@@ -191,10 +191,10 @@ impl CommonArgs {
         let Some(named) = &self.read_cache_dir else {
             return Ok(None);
         };
-        let root = named.join(READ_CACHE_SUBDIR);
         let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        let (r, w) = (abs(&root), abs(&write_root.path));
-        if r.starts_with(&w) || w.starts_with(&r) {
+        let root = abs(named).join(READ_CACHE_SUBDIR);
+        let w = abs(&write_root.path);
+        if root.starts_with(&w) || w.starts_with(&root) {
             return Err(format!(
                 "--read-cache-dir {} would share the write cache directory {}; give the read \
                  cache a directory of its own",
