@@ -98,7 +98,7 @@ EOF
 }
 delete_under() {
   python3 - "$EMU_URL" "$1" <<'EOF'
-import json, sys, urllib.parse, urllib.request
+import json, sys, urllib.error, urllib.parse, urllib.request
 url, prefix = sys.argv[1], sys.argv[2]
 while True:
     q = urllib.parse.urlencode({"prefix": prefix, "maxResults": "1000"})
@@ -108,7 +108,11 @@ while True:
         break
     for it in items:
         name = urllib.parse.quote(it["name"], safe="")
-        urllib.request.urlopen(urllib.request.Request(f"{url}/storage/v1/b/bench/o/{name}", method="DELETE"))
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/storage/v1/b/bench/o/{name}", method="DELETE"))
+        except urllib.error.HTTPError as e:
+            if e.code != 404:  # gone meanwhile (a temporary part the mount removed)
+                raise
 EOF
 }
 wait_size() {  # KEY SIZE
