@@ -8,8 +8,8 @@
 //! busy disk never slows a read, it only means those blocks come from the bucket again next
 //! time.
 //!
-//! One thread does every write, so cache files are created, filled and completed in one
-//! order, and the index only ever has one reservation outstanding. Each job reserves its
+//! One thread does every write, at a lower priority than the read path, so cache files are
+//! created, filled and completed in one order, and the index only ever has one reservation outstanding. Each job reserves its
 //! blocks in the index (evicting other files to make room), deletes the evicted files, writes
 //! the blocks and their records, and then marks them present, unless the entry was evicted or
 //! removed meanwhile, in which case what was written is simply gone with its file.
