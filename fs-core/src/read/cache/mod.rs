@@ -23,9 +23,10 @@
 //!   still right; one that opens it afterwards finds nothing and goes to the bucket; one that
 //!   opens a file recreated under the same name checks every block and, finding the entry
 //!   changed, quietly goes to the bucket.
-//! - **Filling never slows a read.** Fetched bytes are queued for one writer thread
+//! - **Filling never makes a read wait.** Fetched bytes are queued for one writer thread
 //!   ([`fill`]), up to a quarter of `--max-read-memory`, and dropped when the queue is full;
-//!   the reader never waits for the disk. Hits are read on the blocking pool.
+//!   the reader never waits for the disk, and the writer gives way to it for the CPU. Hits are
+//!   read on the blocking pool.
 //! - **Kept across remounts.** At start-up the directory is scanned (names and sizes only);
 //!   a file's records are read when it is first opened. Recency survives through file times.
 //!
