@@ -507,39 +507,9 @@ impl<S: ObjectStore> Runner<S> {
         let dir = self.key(&format!("write-{c:03}/"));
         let part = self.plan.part_size;
         let max_parts = self.plan.max_parts();
-        let next = Arc::new(AtomicUsize::new(0));
-        let done = Arc::new(Mutex::new(Vec::new()));
         let data = self.data.slice(..part as usize);
         let start = Instant::now();
-        let mut set = JoinSet::new();
-        for _ in 0..c {
-            let (store, written, next, done) = (
-                self.store.clone(),
-                self.written.clone(),
-                next.clone(),
-                done.clone(),
-            );
-            let (dir, data) = (dir.clone(), data.clone());
-            set.spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= max_parts || Instant::now() >= until {
-                        return Ok(());
-                    }
-                    let key = format!("{dir}part-{i:05}");
-                    written.add(&key);
-                    let meta = store
-                        .put(
-                            &key,
-                            data.clone(),
-                            Precondition::None,
-                            &WriteOptions::default(),
-                        )
-                        .await?;
-                    done.lock().push((i, key, meta.generation));
-                }
-            });
-        }
+        let (set, done) = self.put_numbered(c, &format!("{dir}part-"), data, max_parts, until);
         // Parts started before `until` finish, unless the ladder's time is up.
         if let Ok(r) = timeout_at(hard, join(set)).await {
             r.map_err(fail)?;
@@ -555,14 +525,7 @@ impl<S: ObjectStore> Runner<S> {
             self.compose_tree(&dir, sources).await
         };
         let compose = composed_at.elapsed();
-        let mine: Vec<String> = self
-            .written
-            .pending()
-            .into_iter()
-            .filter(|k| k.starts_with(&dir))
-            .collect();
-        // What cannot be deleted now is deleted at the end.
-        cleanup::delete(&*self.store, &self.written, mine).await;
+        self.delete_under(&dir).await;
         composed.map_err(fail)?;
         let step = WriteStep {
             concurrency: c,
@@ -573,6 +536,67 @@ impl<S: ObjectStore> Runner<S> {
         };
         let rate = if parts.is_empty() { 0.0 } else { step.mbps() };
         Ok((rate, step))
+    }
+
+    /// `c` workers putting `data` as `{stem}00000`, `{stem}00001`, … until `limit` objects or
+    /// `until`, each name recorded before its write. The tasks, and what landed as (number,
+    /// key, generation), in the order the answers came.
+    #[allow(clippy::type_complexity)]
+    fn put_numbered(
+        &self,
+        c: usize,
+        stem: &str,
+        data: Bytes,
+        limit: usize,
+        until: Instant,
+    ) -> (
+        JoinSet<StoreResult<()>>,
+        Arc<Mutex<Vec<(usize, String, i64)>>>,
+    ) {
+        let next = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let mut set = JoinSet::new();
+        for _ in 0..c {
+            let (store, written, next, done) = (
+                self.store.clone(),
+                self.written.clone(),
+                next.clone(),
+                done.clone(),
+            );
+            let (stem, data) = (stem.to_string(), data.clone());
+            set.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= limit || Instant::now() >= until {
+                        return Ok(());
+                    }
+                    let key = format!("{stem}{i:05}");
+                    written.add(&key);
+                    let meta = store
+                        .put(
+                            &key,
+                            data.clone(),
+                            Precondition::None,
+                            &WriteOptions::default(),
+                        )
+                        .await?;
+                    done.lock().push((i, key, meta.generation));
+                }
+            });
+        }
+        (set, done)
+    }
+
+    /// Deletes what this run wrote under `dir`; what cannot be deleted now is deleted at the
+    /// end.
+    async fn delete_under(&self, dir: &str) {
+        let mine: Vec<String> = self
+            .written
+            .pending()
+            .into_iter()
+            .filter(|k| k.starts_with(dir))
+            .collect();
+        cleanup::delete(&*self.store, &self.written, mine).await;
     }
 
     /// Composes `sources` into `{dir}object`, through intermediate objects of at most 32
@@ -624,44 +648,19 @@ impl<S: ObjectStore> Runner<S> {
         let limit = self.plan.small_objects;
 
         let up_until = Instant::now() + half;
-        let next = Arc::new(AtomicUsize::new(0));
-        let done = Arc::new(Mutex::new(Vec::new()));
         let start = Instant::now();
-        let mut set = JoinSet::new();
-        for _ in 0..c {
-            let (store, written, next, done) = (
-                self.store.clone(),
-                self.written.clone(),
-                next.clone(),
-                done.clone(),
-            );
-            let (dir, data) = (dir.clone(), data.clone());
-            set.spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= limit || Instant::now() >= up_until {
-                        return Ok(());
-                    }
-                    let key = format!("{dir}o-{i:05}");
-                    written.add(&key);
-                    let meta = store
-                        .put(
-                            &key,
-                            data.clone(),
-                            Precondition::None,
-                            &WriteOptions::default(),
-                        )
-                        .await?;
-                    done.lock().push((key, meta.generation));
-                }
-            });
-        }
+        let (set, done) = self.put_numbered(c, &format!("{dir}o-"), data, limit, up_until);
         let uploaded = match timeout_at(hard, join(set)).await {
             Ok(r) => r,
             Err(_) => Ok(()),
         };
         let upload = start.elapsed();
-        let objects = Arc::new(std::mem::take(&mut *done.lock()));
+        let objects: Arc<Vec<(String, i64)>> = Arc::new(
+            std::mem::take(&mut *done.lock())
+                .into_iter()
+                .map(|(_, key, generation)| (key, generation))
+                .collect(),
+        );
 
         let down_until = (Instant::now() + half).min(hard);
         let next = Arc::new(AtomicUsize::new(0));
@@ -698,13 +697,7 @@ impl<S: ObjectStore> Runner<S> {
             Err(_) => Ok(()),
         };
         let download = start.elapsed();
-        let mine: Vec<String> = self
-            .written
-            .pending()
-            .into_iter()
-            .filter(|k| k.starts_with(&dir))
-            .collect();
-        cleanup::delete(&*self.store, &self.written, mine).await;
+        self.delete_under(&dir).await;
         uploaded.map_err(|e| describe("uploading small objects", &e))?;
         downloaded.map_err(|e| describe("downloading small objects", &e))?;
         let step = SmallStep {
