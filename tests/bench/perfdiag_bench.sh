@@ -28,6 +28,7 @@ PART=$((8 * 1024 * 1024))
 SIZE=$((SIZE_MIB * 1024 * 1024))
 
 source tests/emulator.sh
+source tests/bench/common.sh
 
 cargo build --release --quiet -p fs-linux -p bucketdrive-tests
 BD=target/release/bucketdrive
@@ -53,16 +54,9 @@ head -c "$SIZE" /dev/urandom > "$WORK/obj"
   printf -- '\r\n--bdbench--\r\n'
 } > "$WORK/multipart"
 
-target/release/link-proxy --upstream "${EMU_URL#http://}" --rate "$RATE" --up-rate "$RATE" \
-  --latency "$LATENCY" --request-gap 0 > "$WORK/proxy.out" &
-PROXY_PID=$!
-for _ in $(seq 50); do [ -s "$WORK/proxy.out" ] && break; sleep 0.1; done
-PROXY=$(awk '{print $2}' "$WORK/proxy.out")
+start_proxy --rate "$RATE" --up-rate "$RATE" --latency "$LATENCY" --request-gap 0
 BASE="http://$PROXY/storage/v1/b/bench/o"
 
-now() { date +%s.%N; }
-mbps() { awk -v b="$1" -v s="$2" -v e="$3" 'BEGIN { printf "%.1f", b / 1e6 / (e - s) }'; }
-median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 # The median of the arguments that are numbers; nothing when there are none.
 med() {
   local v

@@ -25,6 +25,7 @@ READERS=8
 SIZE=$((SIZE_MIB * 1024 * 1024))
 
 source tests/emulator.sh
+source tests/bench/common.sh
 command -v rclone >/dev/null && command -v fusermount3 >/dev/null || _apt_install rclone fuse3
 
 cargo build --release --quiet -p fs-linux -p bucketdrive-tests
@@ -51,14 +52,8 @@ done
 SHA0=$(sha256sum "$WORK/obj" | cut -d' ' -f1)   # of f$((READERS-1)), checked below
 rm -f "$WORK/obj"
 
-target/release/link-proxy --upstream "${EMU_URL#http://}" --rate "$RATE" --latency "$LATENCY" > "$WORK/proxy.out" &
-PROXY_PID=$!
-for _ in $(seq 50); do [ -s "$WORK/proxy.out" ] && break; sleep 0.1; done
-PROXY=$(awk '{print $2}' "$WORK/proxy.out")
+start_proxy --rate "$RATE" --latency "$LATENCY"
 
-now() { date +%s.%N; }
-mbps() { awk -v b="$1" -v s="$2" -v e="$3" 'BEGIN { printf "%.1f", b / 1e6 / (e - s) }'; }
-median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 bd_mount() { "$BD" mount bench "$MNT" --endpoint "http://$PROXY" --anonymous "$@"; }
 bd_unmount() { "$BD" unmount "$MNT"; for _ in $(seq 50); do mountpoint -q "$MNT" || return 0; sleep 0.1; done; }

@@ -28,6 +28,7 @@ LATENCY=${LATENCY:-20ms}
 SIZE=$((SIZE_MIB * 1024 * 1024))
 
 source tests/emulator.sh
+source tests/bench/common.sh
 cargo build --release --quiet -p fs-linux -p bucketdrive-tests
 BD=target/release/bucketdrive
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bd-rcache-bench.XXXX")
@@ -50,15 +51,9 @@ put_object bench obj "$WORK/obj"
 SHA=$(sha256sum "$WORK/obj" | cut -d' ' -f1)
 rm -f "$WORK/obj"
 
-target/release/link-proxy --upstream "${EMU_URL#http://}" --rate "$RATE" --latency "$LATENCY" > "$WORK/proxy.out" &
-PROXY_PID=$!
-for _ in $(seq 50); do [ -s "$WORK/proxy.out" ] && break; sleep 0.1; done
-PROXY=$(awk '{print $2}' "$WORK/proxy.out")
+start_proxy --rate "$RATE" --latency "$LATENCY"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
-now() { date +%s.%N; }
-mbps() { awk -v b="$1" -v s="$2" -v e="$3" 'BEGIN { printf "%.1f", b / 1e6 / (e - s) }'; }
-median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 

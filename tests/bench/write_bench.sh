@@ -33,6 +33,7 @@ RCLONE_BIG_UPLOAD=${RCLONE_BIG_UPLOAD:-0}
 SIZE=$((SIZE_MIB * 1024 * 1024))
 
 source tests/emulator.sh
+source tests/bench/common.sh
 command -v rclone >/dev/null && command -v fusermount3 >/dev/null || _apt_install rclone fuse3
 
 cargo build --release --quiet -p fs-linux -p bucketdrive-tests
@@ -53,11 +54,7 @@ trap cleanup EXIT
 
 start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
 create_bucket bench
-target/release/link-proxy --upstream "${EMU_URL#http://}" --rate "$RATE" --up-rate "$RATE" \
-  --latency "$LATENCY" > "$WORK/proxy.out" &
-PROXY_PID=$!
-for _ in $(seq 50); do [ -s "$WORK/proxy.out" ] && break; sleep 0.1; done
-PROXY=$(awk '{print $2}' "$WORK/proxy.out")
+start_proxy --rate "$RATE" --up-rate "$RATE" --latency "$LATENCY"
 
 echo "preparing the sources..." >&2
 SRC=$WORK/src.bin
@@ -67,9 +64,7 @@ for n in $FILES; do
   mkdir -p "$WORK/small-$n"
   head -c $((n * 10240)) /dev/urandom | (cd "$WORK/small-$n" && split -b 10240 -a 5 -d - f)
 done
-now() { date +%s.%N; }
 secs() { awk -v s="$1" -v e="$2" 'BEGIN { printf "%.2f", e - s }'; }
-median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 # The object's sha256, fetched from the emulator directly (not through the proxy or a mount).
