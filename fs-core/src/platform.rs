@@ -220,6 +220,11 @@ pub fn set_inline_blocking(on: bool) {
     INLINE_BLOCKING.with(|c| c.set(on));
 }
 
+/// Whether [`blocking`] runs its work inline on this thread (see [`set_inline_blocking`]).
+pub fn inline_blocking() -> bool {
+    INLINE_BLOCKING.with(|c| c.get())
+}
+
 /// Runs blocking file work (fsync, whole-file passes, copies) off the async workers, so a slow
 /// disk never stalls requests that do not touch it.
 pub async fn blocking<T, F>(f: F) -> io::Result<T>

@@ -130,12 +130,19 @@ rss_run() {
   [ "$ok" = 1 ] && [ "$(cat "$WORK/sha")" = "$SHA0" ] || { echo "a concurrent reader failed or read wrong bytes" >&2; exit 1; }
   echo "$hwm $(mbps $((SIZE * READERS)) "$s" "$e")"
 }
-echo "rss: 8 readers, default budget" >&2
-read -r rss_default agg_default < <(rss_run 1GiB)
+# The default and the fixed 8 streams alternate, RUNS times each, so neither row always runs
+# first (or on a warmer machine); each figure is the median.
+rss_d=() agg_d=() rss_f=() agg_f=()
+for r in $(seq "$RUNS"); do
+  echo "rss run $r/$RUNS: 8 readers, default budget" >&2
+  read -r a b < <(rss_run 1GiB); rss_d+=("$a"); agg_d+=("$b")
+  echo "rss run $r/$RUNS: 8 readers, default budget, --read-concurrency 8" >&2
+  read -r a b < <(rss_run 1GiB --read-concurrency 8); rss_f+=("$a"); agg_f+=("$b")
+done
+rss_default=$(printf '%s\n' "${rss_d[@]}" | median); agg_default=$(printf '%s\n' "${agg_d[@]}" | median)
+rss_fixed=$(printf '%s\n' "${rss_f[@]}" | median); agg_fixed=$(printf '%s\n' "${agg_f[@]}" | median)
 echo "rss: 8 readers, 256 MiB budget" >&2
 read -r rss_small agg_small < <(rss_run 256MiB)
-echo "rss: 8 readers, default budget, --read-concurrency 8" >&2
-read -r rss_fixed agg_fixed < <(rss_run 1GiB --read-concurrency 8)
 
 echo
 echo "Sequential read of a $SIZE_MIB MiB object through link-proxy ($RATE B/s per connection, $LATENCY per request); median of $RUNS runs"
@@ -153,6 +160,6 @@ echo "bucketdrive (defaults) vs rclone mount: $(ratio "$bd_med" "$rclone_med")×
 echo
 echo "| 8 readers, different objects | peak RSS (MiB) | limit: budget + 150 MiB | aggregate MB/s |"
 echo "|---|---:|---:|---:|"
-echo "| --max-read-memory 1GiB (default) | $rss_default | 1174 | $agg_default |"
+echo "| --max-read-memory 1GiB (default) | $rss_default | 1174 | $agg_default (${agg_d[*]}) |"
 echo "| --max-read-memory 256MiB | $rss_small | 406 | $agg_small |"
-echo "| --max-read-memory 1GiB --read-concurrency 8 (earlier default) | $rss_fixed | 1174 | $agg_fixed |"
+echo "| --max-read-memory 1GiB --read-concurrency 8 (earlier default) | $rss_fixed | 1174 | $agg_fixed (${agg_f[*]}) |"

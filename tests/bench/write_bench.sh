@@ -3,7 +3,8 @@
 #
 #   bash tests/bench/write_bench.sh    # RUNS=3 SIZE_MIB=1024 FILES="2000 10000" RATE=40M LATENCY=20ms
 #
-# RCLONE=0 skips the rclone rows; the baselines still run. RCLONE_BIG_UPLOAD=1 also waits for
+# RCLONE=0 skips the rclone rows; the baselines still run. BIG=0 skips the big file and FIO=0
+# the fio job (their rows stay empty). RCLONE_BIG_UPLOAD=1 also waits for
 # rclone's upload of the big file (about two minutes each), for its "in the bucket" rows; by
 # default only its time to close is measured and its upload is abandoned.
 #
@@ -30,6 +31,8 @@ RATE=${RATE:-40M}
 LATENCY=${LATENCY:-20ms}
 RCLONE=${RCLONE:-1}
 RCLONE_BIG_UPLOAD=${RCLONE_BIG_UPLOAD:-0}
+BIG=${BIG:-1}
+FIO=${FIO:-1}
 SIZE=$((SIZE_MIB * 1024 * 1024))
 
 source tests/emulator.sh
@@ -155,47 +158,49 @@ add() { R[$1]="${R[$1]:-} $2"; }
 med() { [ -n "${R[$1]:-}" ] && printf '%s\n' ${R[$1]} | median; }
 
 for r in $(seq "$RUNS"); do
-  echo "run $r/$RUNS: 1 GiB: local dd" >&2
-  for sync in "" "conv=fsync"; do
-    rm -f "$WORK/local/big"; sync
-    s=$(now); dd if="$SRC" of="$WORK/local/big" bs=1M $sync status=none; e=$(now)
-    add "local${sync:+f}" "$(secs "$s" "$e")"
-    rm -f "$WORK/local/big"
-  done
+  if [ "$BIG" = 1 ]; then
+    echo "run $r/$RUNS: 1 GiB: local dd" >&2
+    for sync in "" "conv=fsync"; do
+      rm -f "$WORK/local/big"; sync
+      s=$(now); dd if="$SRC" of="$WORK/local/big" bs=1M $sync status=none; e=$(now)
+      add "local${sync:+f}" "$(secs "$s" "$e")"
+      rm -f "$WORK/local/big"
+    done
 
-  for sync in "" "conv=fsync"; do
-    tag=${sync:+f}
-    echo "run $r/$RUNS: 1 GiB ${sync:-no fsync}: bucketdrive" >&2
-    bd_mount
-    s=$(now); dd if="$SRC" of="$MNT/big-bd" bs=1M $sync status=none; c=$(now)
-    "$BD" status --wait "$MNT" >/dev/null; b=$(now)
-    check_sha big-bd "$SRC_SHA"
-    add "bd_close$tag" "$(secs "$s" "$c")"; add "bd_bucket$tag" "$(secs "$s" "$b")"
-    add "bd_upload$tag" "$(secs "$c" "$b")"
-    bd_unmount
-    delete_under big-bd
-  done
+    for sync in "" "conv=fsync"; do
+      tag=${sync:+f}
+      echo "run $r/$RUNS: 1 GiB ${sync:-no fsync}: bucketdrive" >&2
+      bd_mount
+      s=$(now); dd if="$SRC" of="$MNT/big-bd" bs=1M $sync status=none; c=$(now)
+      "$BD" status --wait "$MNT" >/dev/null; b=$(now)
+      check_sha big-bd "$SRC_SHA"
+      add "bd_close$tag" "$(secs "$s" "$c")"; add "bd_bucket$tag" "$(secs "$s" "$b")"
+      add "bd_upload$tag" "$(secs "$c" "$b")"
+      bd_unmount
+      delete_under big-bd
+    done
 
-  if [ "$RCLONE" = 1 ]; then
-    echo "run $r/$RUNS: 1 GiB: rclone" >&2
-    rc_mount
-    s=$(now); dd if="$SRC" of="$MNT/big-rc" bs=1M status=none; c=$(now)
-    add rc_close "$(secs "$s" "$c")"
-    if [ "$RCLONE_BIG_UPLOAD" = 1 ]; then
-      wait_size big-rc "$SIZE"; b=$(now)
-      check_sha big-rc "$SRC_SHA"
-      add rc_bucket "$(secs "$s" "$b")"; add rc_upload "$(secs "$c" "$b")"
-      rc_unmount
-    else
-      rc_abandon
-    fi
-    delete_under big-rc
+    if [ "$RCLONE" = 1 ]; then
+      echo "run $r/$RUNS: 1 GiB: rclone" >&2
+      rc_mount
+      s=$(now); dd if="$SRC" of="$MNT/big-rc" bs=1M status=none; c=$(now)
+      add rc_close "$(secs "$s" "$c")"
+      if [ "$RCLONE_BIG_UPLOAD" = 1 ]; then
+        wait_size big-rc "$SIZE"; b=$(now)
+        check_sha big-rc "$SRC_SHA"
+        add rc_bucket "$(secs "$s" "$b")"; add rc_upload "$(secs "$c" "$b")"
+        rc_unmount
+      else
+        rc_abandon
+      fi
+      delete_under big-rc
   fi
 
   echo "run $r/$RUNS: direct-upload" >&2
   add direct "$(target/release/direct-upload --endpoint "http://$PROXY" --bucket bench --key big-direct --file "$SRC")"
   check_sha big-direct "$SRC_SHA"
   delete_under big-direct
+  fi
 
   for n in $FILES; do
     small=$WORK/small-$n
@@ -229,6 +234,7 @@ for r in $(seq "$RUNS"); do
     fi
   done
 
+  [ "$FIO" = 1 ] || continue
   echo "run $r/$RUNS: fio" >&2
   job=(--name=randwrite --rw=randwrite --bs=4k --size=256m --ioengine=psync --output-format=json)
   iops() { python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))'; }

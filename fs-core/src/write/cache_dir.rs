@@ -36,6 +36,11 @@ pub struct CacheDir {
     _lock: File,
 }
 
+/// The name of staging file `id` in the staging directory.
+pub fn staging_file_name(id: u64) -> String {
+    format!("{id:016x}.data")
+}
+
 impl CacheDir {
     /// Creates (if needed) and locks `root`, a directory of ours. Fails with a clear message
     /// if another mount holds it, or if it is a symbolic link or someone else's.
@@ -119,7 +124,11 @@ impl CacheDir {
     }
 
     pub fn staging_path(&self, id: u64) -> PathBuf {
-        self.root.join("staging").join(format!("{id:016x}.data"))
+        self.staging_dir().join(staging_file_name(id))
+    }
+
+    pub fn staging_dir(&self) -> PathBuf {
+        self.root.join("staging")
     }
 
     /// Makes the names of newly created staging files durable (a power loss must not leave a

@@ -78,6 +78,10 @@ pub(super) struct Item {
     pub work: StagingFile,
     /// Whether the working copy's name has been made durable in the staging directory.
     pub work_named: bool,
+    /// The working copy's file is that of a version whose journal record was forgotten without
+    /// a sync ([`Journal::forget`](super::journal::Journal::forget)): the journal must be durable
+    /// before its bytes change, or a crash would replay the stale record against changed bytes.
+    pub forgotten_unsynced: bool,
     pub mtime: SystemTime,
     /// Custom metadata for the upload besides the mtime: carried over from the object it was
     /// opened from (so a modified file keeps its mode and the like), plus changes made here.

@@ -144,6 +144,8 @@ impl Change {
 }
 
 const LOG: &str = "journal.log";
+/// A compacted log being written, renamed over [`LOG`] once whole.
+const NEW_LOG: &str = "journal.log.tmp";
 /// Compact when the log holds this many more lines than live records.
 const COMPACT_SLACK: usize = 4096;
 
@@ -167,8 +169,11 @@ struct Log {
     len: u64,
     /// Sequence number of the last change appended.
     appended: u64,
-    /// A failed append could not be cut back: rewrite the log before the next one.
+    /// A failed append could not be cut back, or a compaction renamed a new log into place
+    /// that could not be opened: rewrite the log before the next append.
     poisoned: bool,
+    /// A compaction's rename is not yet known durable: the next sync syncs the directory.
+    dir_unsynced: bool,
 }
 
 impl Journal {
@@ -191,6 +196,7 @@ impl Journal {
                 len,
                 appended: 0,
                 poisoned: false,
+                dir_unsynced: false,
             }),
             sync: tokio::sync::Mutex::new(0),
             corrupt,
@@ -210,6 +216,45 @@ impl Journal {
         self.apply(Change::Del(id)).await
     }
 
+    /// Forgets a record whose version is in the bucket, without waiting for that to be
+    /// durable: it becomes so with the next sync, whoever asks for it.
+    ///
+    /// Losing it to a crash costs nothing but work: the record is replayed, and the upload
+    /// finds its own object already there (recognised by CRC32C and size, invariant I4). But
+    /// the record must not outlive its staging file, or the replay would report the file's
+    /// data lost: whoever removes or reuses the file calls [`sync_now`](Self::sync_now) first.
+    /// This keeps one sync per upload off the log, where every `close()` waits for its own.
+    pub fn forget(&self, id: u64) -> io::Result<()> {
+        if !self.log.lock().live.contains_key(&id) {
+            return Ok(());
+        }
+        self.append(Change::Del(id)).map(|_| ())
+    }
+
+    /// Makes every change appended so far durable, on the calling thread (a background
+    /// thread's: it blocks).
+    pub fn sync_now(&self) -> io::Result<()> {
+        let (file, dir) = {
+            let log = self.log.lock();
+            (log.file.clone(), log.dir_unsynced)
+        };
+        file.sync_data()?;
+        if dir {
+            platform::sync_dir(&self.dir)?;
+            let mut log = self.log.lock();
+            if Arc::ptr_eq(&log.file, &file) {
+                log.dir_unsynced = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every change appended so far durable.
+    pub async fn flush(&self) -> io::Result<()> {
+        let seq = self.log.lock().appended;
+        self.sync_to(seq).await
+    }
+
     /// Applies `change` (all of it or, after a crash, none of it) and returns once it is
     /// durable.
     pub async fn apply(&self, change: Change) -> io::Result<()> {
@@ -218,6 +263,9 @@ impl Journal {
     }
 
     /// Appends one line (not yet durable); returns its sequence number.
+    ///
+    /// The change reaches the in-memory records only once its line is whole in the log, so a
+    /// failed append leaves both as they were, and the caller's error is the whole truth.
     fn append(&self, change: Change) -> io::Result<u64> {
         let mut log = self.log.lock();
         if log.poisoned {
@@ -237,8 +285,12 @@ impl Journal {
         log.lines += 1;
         log.appended += 1;
         if log.lines > log.live.len() * 2 + COMPACT_SLACK {
-            // Rare (every few thousand lines) and small: done in place.
-            self.compact(&mut log)?;
+            // Rare (every few thousand lines) and small: done in place. The line above is
+            // already in the log either way, so a compaction that fails (a full disk) fails
+            // nothing: it is tried again at the next append, and the log stays long meanwhile.
+            if let Err(e) = self.compact(&mut log) {
+                tracing::warn!(error = %e, "could not compact the journal; will try again");
+            }
         }
         Ok(log.appended)
     }
@@ -250,22 +302,52 @@ impl Journal {
         if *synced >= seq {
             return Ok(());
         }
-        let (file, upto) = {
+        let (file, upto, dir) = {
             let log = self.log.lock();
-            (log.file.clone(), log.appended)
+            let dir = log.dir_unsynced.then(|| self.dir.clone());
+            (log.file.clone(), log.appended, dir)
         };
-        platform::blocking(move || file.sync_data()).await?;
+        let synced_file = file.clone();
+        let synced_dir = dir.is_some();
+        platform::blocking(move || {
+            file.sync_data()?;
+            // A compaction renamed a new log into place, but could not make the rename durable:
+            // until it is, a crash would bring back the old log without the lines since.
+            match dir {
+                Some(dir) => platform::sync_dir(&dir),
+                None => Ok(()),
+            }
+        })
+        .await?;
+        if synced_dir {
+            let mut log = self.log.lock();
+            // Unless yet another compaction renamed a newer log in meanwhile.
+            if Arc::ptr_eq(&log.file, &synced_file) {
+                log.dir_unsynced = false;
+            }
+        }
         *synced = upto;
         Ok(())
     }
 
-    /// Rewrites the log with only the live records; the rewrite is durable when it returns.
+    /// Rewrites the log with only the live records, then appends go to the new log.
+    ///
+    /// Until the new log is renamed into place a failure changes nothing: the old log is whole
+    /// and still appended to. Once it is, appends must go to it whatever fails next: if it
+    /// cannot be opened the journal is poisoned (every append tries the rewrite again first, and
+    /// fails while it cannot), and if the rename cannot be made durable the next sync tries
+    /// again ([`Log::dir_unsynced`]).
     fn compact(&self, log: &mut Log) -> io::Result<()> {
-        let (file, len) = rewrite(&self.dir, &log.live)?;
-        log.file = Arc::new(file);
+        let len = write_new_log(&self.dir, &log.live)?;
+        std::fs::rename(self.dir.join(NEW_LOG), self.dir.join(LOG))?;
+        log.poisoned = true;
+        log.dir_unsynced = true;
+        log.file = Arc::new(open_for_append(&self.dir)?);
         log.len = len;
         log.lines = log.live.len();
         log.poisoned = false;
+        platform::sync_dir(&self.dir)?;
+        log.dir_unsynced = false;
         Ok(())
     }
 
@@ -392,31 +474,34 @@ fn read_legacy(
     Ok(read)
 }
 
-/// Writes `live` as a new log, atomically replacing the old one; returns it open for appends,
-/// and its length.
-fn rewrite(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<(File, u64)> {
-    let tmp = dir.join(format!("{LOG}.tmp"));
-    let len;
-    {
-        let mut f =
-            platform::private_file(OpenOptions::new().write(true).create(true).truncate(true))
-                .open(&tmp)?;
-        let mut ids: Vec<&u64> = live.keys().collect();
-        ids.sort();
-        let mut text = String::new();
-        for id in ids {
-            let json =
-                serde_json::to_string(&Change::Put(live[id].clone())).map_err(io::Error::other)?;
-            text.push_str(&format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes())));
-        }
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        len = text.len() as u64;
+/// Writes `live` as a new log beside the old one (not yet in place), durable; returns its length.
+fn write_new_log(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<u64> {
+    let mut f = platform::private_file(OpenOptions::new().write(true).create(true).truncate(true))
+        .open(dir.join(NEW_LOG))?;
+    let mut ids: Vec<&u64> = live.keys().collect();
+    ids.sort();
+    let mut text = String::new();
+    for id in ids {
+        let json =
+            serde_json::to_string(&Change::Put(live[id].clone())).map_err(io::Error::other)?;
+        text.push_str(&format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes())));
     }
-    std::fs::rename(&tmp, dir.join(LOG))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    Ok(text.len() as u64)
+}
+
+fn open_for_append(dir: &Path) -> io::Result<File> {
+    platform::private_file(OpenOptions::new().append(true)).open(dir.join(LOG))
+}
+
+/// Writes `live` as a new log, atomically and durably replacing the old one; returns it open
+/// for appends, and its length.
+fn rewrite(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<(File, u64)> {
+    let len = write_new_log(dir, live)?;
+    std::fs::rename(dir.join(NEW_LOG), dir.join(LOG))?;
     platform::sync_dir(dir)?;
-    let file = platform::private_file(OpenOptions::new().append(true)).open(dir.join(LOG))?;
-    Ok((file, len))
+    Ok((open_for_append(dir)?, len))
 }
 
 #[cfg(test)]
@@ -574,6 +659,43 @@ mod tests {
         let want: Vec<u64> = (1..=(COMPACT_SLACK as u64 + 100))
             .filter(|i| i % 10 == 0)
             .collect();
+        assert_eq!(ids, want);
+    }
+
+    /// A compaction that fails (here: its new log cannot be created) fails no append, and
+    /// changes nothing: every record put is there after a reopen, and none removed comes back.
+    /// The next append that can compact does.
+    #[tokio::test]
+    async fn a_failed_compaction_fails_no_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        std::fs::create_dir(dir.path().join(NEW_LOG)).unwrap();
+        let n = COMPACT_SLACK as u64 + 100;
+        for id in 1..=n {
+            j.put(&rec(id, UploadState::Staged)).await.unwrap();
+            if id % 10 != 0 {
+                j.remove(id).await.unwrap();
+            }
+        }
+        let lines = || {
+            std::fs::read_to_string(dir.path().join(LOG))
+                .unwrap()
+                .lines()
+                .count()
+        };
+        assert!(
+            lines() > COMPACT_SLACK,
+            "could not compact: {} lines",
+            lines()
+        );
+        std::fs::remove_dir(dir.path().join(NEW_LOG)).unwrap();
+        j.put(&rec(n + 1, UploadState::Staged)).await.unwrap();
+        assert!(lines() < COMPACT_SLACK, "compacted now: {} lines", lines());
+        drop(j);
+        let (all, corrupt) = Journal::open(dir.path()).unwrap().load_all().unwrap();
+        assert!(corrupt.is_empty());
+        let ids: Vec<u64> = all.iter().map(|r| r.id).collect();
+        let want: Vec<u64> = (1..=n).filter(|i| i % 10 == 0).chain([n + 1]).collect();
         assert_eq!(ids, want);
     }
 

@@ -40,6 +40,7 @@
 //! - [`journal`]: the durable log of pending versions (group commit).
 //! - [`replay`]: start-up recovery and leftover cleanup.
 //! - [`staging`], [`ranges`]: local files and which of their bytes are present.
+//! - [`staging_pool`]: empty staging files with durable names, made ahead and recycled.
 //! - [`space`]: `--cache-size` accounting. [`status`]: counters for `bucketdrive status`.
 //! - [`cache_dir`]: the locked cache directory and its tag.
 
@@ -51,6 +52,7 @@ pub mod replay;
 pub mod scheduler;
 pub mod space;
 pub mod staging;
+pub mod staging_pool;
 pub mod status;
 pub mod upload;
 pub mod uploader;

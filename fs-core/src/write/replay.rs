@@ -86,6 +86,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 work_id: rec.id,
                 work: StagingFile::open_complete(&self.dir.staging_path(rec.id), rec.size),
                 work_named: true,
+                forgotten_unsynced: false,
                 mtime,
                 metadata: rec.metadata.clone(),
                 edits: 1,
@@ -106,6 +107,7 @@ impl<S: ObjectStore> WriteBack<S> {
             self.ensure_task(&shared, &mut it);
         }
         self.remove_unjournaled_staging(&kept, !corrupt.is_empty());
+        self.start_pool();
         Ok(kept.len())
     }
 

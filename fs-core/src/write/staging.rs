@@ -54,6 +54,22 @@ impl StagingFile {
                 .truncate(true),
         )
         .open(path)?;
+        Self::sized(path, file, size, present)
+    }
+
+    /// Like [`create`](Self::create), in an empty file of the [staging
+    /// pool](super::staging_pool) whose name is durable: it must exist (a file made here would
+    /// not have a durable name).
+    pub fn open_pooled(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .truncate(true)
+            .open(path)?;
+        Self::sized(path, file, size, present)
+    }
+
+    fn sized(path: &Path, file: File, size: u64, present: RangeSet) -> io::Result<Self> {
         file.set_len(size)?;
         Ok(StagingFile {
             path: path.to_path_buf(),

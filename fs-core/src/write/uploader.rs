@@ -213,15 +213,20 @@ impl<S: ObjectStore> WriteBack<S> {
                 it.sched.succeeded();
                 if current {
                     it.pending = None;
-                    if let Err(e) = self.journal.remove(v.id).await {
-                        tracing::warn!(error = %e, "could not remove a journal record; the file will be uploaded again at the next mount");
+                    // Not waited for: its staging file goes through the pool, which makes the
+                    // journal durable before touching it.
+                    match self.journal.forget(v.id) {
+                        Ok(()) => it.forgotten_unsynced = it.work_id == v.id,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not remove a journal record; the file will be uploaded again at the next mount")
+                        }
                     }
                 } else if let Some(newer) = it.pending.as_mut().filter(|p| p.id == v.id) {
                     // The parts it listed were the ones just used and deleted.
                     newer.progress = UploadState::Staged;
                 }
                 if superseded(&it) {
-                    let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+                    self.recycle(self.dir.staging_path(v.id));
                 }
                 // Parts whose answer was lost are listed nowhere: sweep the version's prefix (all
                 // of the file's, unless a newer version of the same file may still use some).

@@ -26,6 +26,7 @@ use super::ranges::RangeSet;
 use super::scheduler::Sched;
 use super::space::Space;
 use super::staging::{self, StagingFile};
+use super::staging_pool::StagingPool;
 use super::upload::UploadConfig;
 use crate::error::{FsError, FsResult};
 use crate::namespace::SettleHook;
@@ -85,10 +86,12 @@ pub struct WriteBack<S: ObjectStore> {
     pub(super) store: Arc<S>,
     pub(super) cfg: WriteConfig,
     pub(super) dir: CacheDir,
-    pub(super) journal: Journal,
+    pub(super) journal: Arc<Journal>,
     /// Live items by object key (ordered, so prefix scans and iteration are deterministic).
     pub(super) by_key: parking_lot::Mutex<BTreeMap<String, Arc<Shared>>>,
-    next_id: AtomicU64,
+    next_id: Arc<AtomicU64>,
+    /// Empty staging files with durable names, for new items and copies.
+    pool: StagingPool,
     pub(super) slots: Arc<Semaphore>,
     pub counters: Counters,
     pub(super) on_settled: SettleHook,
@@ -129,6 +132,14 @@ impl<S: ObjectStore> WriteBack<S> {
             .next_id()
             .map_err(|e| format!("cannot read the journal: {e}"))?
             .max(staged.last().map_or(1, |id| id + 1));
+        let next_id = Arc::new(AtomicU64::new(next));
+        let journal = Arc::new(journal);
+        let barrier = journal.clone();
+        let pool = StagingPool::new(
+            dir.staging_dir(),
+            next_id.clone(),
+            Box::new(move || barrier.sync_now()),
+        );
         Ok(Arc::new(WriteBack {
             slots: Arc::new(Semaphore::new(cfg.files_concurrency.max(1))),
             space: Space::new(cfg.cache_size),
@@ -137,7 +148,8 @@ impl<S: ObjectStore> WriteBack<S> {
             dir,
             journal,
             by_key: parking_lot::Mutex::new(BTreeMap::new()),
-            next_id: AtomicU64::new(next),
+            next_id,
+            pool,
             counters: Counters::default(),
             on_settled,
             settled: Arc::new(tokio::sync::Notify::new()),
@@ -160,6 +172,35 @@ impl<S: ObjectStore> WriteBack<S> {
 
     pub(super) fn bump_next_id(&self, past: u64) {
         self.next_id.fetch_max(past + 1, Ordering::SeqCst);
+    }
+
+    /// Starts making staging files ahead of need; called once start-up recovery has removed
+    /// the files no record names.
+    pub(super) fn start_pool(&self) {
+        self.pool.start();
+    }
+
+    /// A staging file for a new working copy: `(id, file, whether its name is durable)`. One
+    /// from the pool if there is one (its name already durable), else a new one.
+    async fn new_staging(
+        &self,
+        size: u64,
+        present: RangeSet,
+    ) -> FsResult<(u64, StagingFile, bool)> {
+        if let Some(id) = self.pool.take() {
+            let path = self.dir.staging_path(id);
+            let p = present.clone();
+            match crate::platform::blocking(move || StagingFile::open_pooled(&path, size, p)).await
+            {
+                Ok(work) => return Ok((id, work, true)),
+                Err(e) => {
+                    tracing::debug!(id, error = %e, "a pooled staging file could not be opened")
+                }
+            }
+        }
+        let id = self.new_id();
+        let work = platform_create(self.dir.staging_path(id), size, present).await?;
+        Ok((id, work, false))
     }
 
     fn live(&self, key: &str) -> Option<Arc<Shared>> {
@@ -189,20 +230,19 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 return Ok(item);
             }
-            let id = self.new_id();
             let (size, present) = match (base, truncate) {
                 (Some(m), false) => (m.size, RangeSet::new()),
                 _ => (0, RangeSet::new()),
             };
-            let path = self.dir.staging_path(id);
-            let work = platform_create(path.clone(), size, present).await?;
+            let (id, work, named) = self.new_staging(size, present).await?;
             let new_or_truncated = base.is_none() || (truncate && base.is_some_and(|m| m.size > 0));
             let item = Item {
                 key: key.to_string(),
                 base: base.map(|m| (m.key.clone(), m.generation)),
                 work_id: id,
                 work,
-                work_named: false,
+                work_named: named,
+                forgotten_unsynced: false,
                 mtime: base.map(ObjectMeta::mtime).unwrap_or_else(SystemTime::now),
                 metadata: base
                     .map(|m| {
@@ -231,7 +271,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             // Another open made an item for this name meanwhile (or a rename is swapping the
             // name's item): use that one once it is in place.
-            let _ = std::fs::remove_file(&path);
+            self.pool.recycle(self.dir.staging_path(id));
             tokio::task::yield_now().await;
         }
     }
@@ -381,23 +421,37 @@ impl<S: ObjectStore> WriteBack<S> {
     /// The working copy is about to change in a way that would alter the pending version's
     /// bytes: edit a copy of its first `len` bytes instead.
     async fn copy_on_write(&self, it: &mut Item, len: u64) -> FsResult<()> {
-        let id = self.new_id();
-        let path = self.dir.staging_path(id);
-        let copy = if len == 0 {
-            platform_create(path, 0, RangeSet::new()).await?
+        let (id, copy, named) = if len == 0 {
+            self.new_staging(0, RangeSet::new()).await?
         } else {
-            staging::copy_prefix(it.work.path(), &path, len).await?
+            let id = self.new_id();
+            let path = self.dir.staging_path(id);
+            (
+                id,
+                staging::copy_prefix(it.work.path(), &path, len).await?,
+                false,
+            )
         };
         tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "copy-on-write of a version still uploading");
         it.work.close_fd();
         it.work = copy;
         it.work_id = id;
-        it.work_named = false;
+        it.work_named = named;
+        Ok(())
+    }
+
+    /// Before the working copy's bytes change: see [`Item::forgotten_unsynced`].
+    async fn settle_forgotten(&self, it: &mut Item) -> FsResult<()> {
+        if it.forgotten_unsynced {
+            self.journal.flush().await?;
+            it.forgotten_unsynced = false;
+        }
         Ok(())
     }
 
     pub async fn write(&self, item: &ItemRef, offset: u64, data: &[u8]) -> FsResult<()> {
         let mut it = item.0.item.lock().await;
+        self.settle_forgotten(&mut it).await?;
         let end = it.work.size().max(offset + data.len() as u64);
         // Would this change bytes of the pending version, kept in the same file? Then the
         // version stays as it is and the write goes to a copy (charged for up front).
@@ -432,6 +486,7 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     async fn truncate_locked(&self, shared: &Shared, it: &mut Item, len: u64) -> FsResult<()> {
+        self.settle_forgotten(it).await?;
         match it.pending.as_ref().map(|p| (p.id, p.size)) {
             Some((id, size)) if id == it.work_id && len < size => {
                 self.reserve_bytes(shared, len + size).await?;
@@ -578,6 +633,10 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Drops a version that will never be uploaded: its staging file (callers make sure it is
     /// not the working copy's) and its temporary parts.
+    pub(super) fn recycle(&self, path: PathBuf) {
+        self.pool.recycle(path);
+    }
+
     pub(super) fn discard(&self, v: &Version) {
         if v.size >= self.cfg.upload.single_shot_threshold {
             // The file is done with: the parts of every version it held go.
@@ -734,7 +793,9 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         it.work.close_fd();
-        let _ = std::fs::remove_file(it.work.path());
+        // Nothing needs the file any more: its version is in the bucket (or it was unlinked),
+        // and no descriptor reads it (an upload attempt ends before its item can settle).
+        self.pool.recycle(it.work.path().to_path_buf());
         self.recharge(shared, it);
     }
 
@@ -981,6 +1042,10 @@ impl<S: ObjectStore> WriteBack<S> {
             if (pending == 0 && !cleaning)
                 || (give_up_on_failure && failed == pending && pending > 0)
             {
+                // Records forgotten without a sync: durable before the mount goes.
+                if let Err(e) = self.journal.flush().await {
+                    tracing::warn!(error = %e, "could not sync the journal; finished uploads may be retried at the next mount");
+                }
                 return pending;
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), settled).await;
