@@ -120,6 +120,7 @@ impl<S: ObjectStore> Filesystem<S> {
 
     async fn unlink_paused(&self, path: &str, key: &str, staged: bool) -> FsResult<()> {
         let w = self.writer()?;
+        w.settle_journal().await?;
         // A file being written may have landed unseen (an answer lost): ask the bucket itself.
         let found = if staged {
             self.fresh_entry(path).await?
@@ -204,6 +205,7 @@ impl<S: ObjectStore> Filesystem<S> {
         src_key: &str,
         dst_key: &str,
     ) -> FsResult<()> {
+        self.writer()?.settle_journal().await?;
         let w = self.writer()?;
         let (src_key, dst_key) = (src_key.to_string(), dst_key.to_string());
         let src_local = w.item(&src_key).is_some();
@@ -330,6 +332,7 @@ impl<S: ObjectStore> Filesystem<S> {
 
     async fn rename_dir_paused(&self, from: &str, to: &str) -> FsResult<()> {
         let w = self.writer()?;
+        w.settle_journal().await?;
         // An empty directory at the target is replaced; a failed rename must leave it there.
         let target_existed = match self.entry_at(to).await {
             Ok(Entry::File(_)) => return Err(FsError::NotDir),

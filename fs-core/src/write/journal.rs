@@ -174,6 +174,8 @@ struct Log {
     poisoned: bool,
     /// A compaction's rename is not yet known durable: the next sync syncs the directory.
     dir_unsynced: bool,
+    /// No compaction before the log has this many lines (after one failed).
+    compact_at: usize,
 }
 
 impl Journal {
@@ -197,6 +199,7 @@ impl Journal {
                 appended: 0,
                 poisoned: false,
                 dir_unsynced: false,
+                compact_at: 0,
             }),
             sync: tokio::sync::Mutex::new(0),
             corrupt,
@@ -229,6 +232,11 @@ impl Journal {
             return Ok(());
         }
         self.append(Change::Del(id)).map(|_| ())
+    }
+
+    /// Whether a live record has id `id` (its staging file is still needed).
+    pub fn names(&self, id: u64) -> bool {
+        self.log.lock().live.contains_key(&id)
     }
 
     /// Makes every change appended so far durable, on the calling thread (a background
@@ -284,12 +292,14 @@ impl Journal {
         change.apply(&mut log.live);
         log.lines += 1;
         log.appended += 1;
-        if log.lines > log.live.len() * 2 + COMPACT_SLACK {
+        if log.lines > log.live.len() * 2 + COMPACT_SLACK && log.lines >= log.compact_at {
             // Rare (every few thousand lines) and small: done in place. The line above is
             // already in the log either way, so a compaction that fails (a full disk) fails
-            // nothing: it is tried again at the next append, and the log stays long meanwhile.
+            // nothing: it is tried again a few thousand lines later, and the log stays long
+            // meanwhile.
             if let Err(e) = self.compact(&mut log) {
                 tracing::warn!(error = %e, "could not compact the journal; will try again");
+                log.compact_at = log.lines + COMPACT_SLACK;
             }
         }
         Ok(log.appended)

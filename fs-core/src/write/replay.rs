@@ -107,7 +107,6 @@ impl<S: ObjectStore> WriteBack<S> {
             self.ensure_task(&shared, &mut it);
         }
         self.remove_unjournaled_staging(&kept, !corrupt.is_empty());
-        self.start_pool();
         Ok(kept.len())
     }
 
@@ -177,10 +176,12 @@ impl<S: ObjectStore> WriteBack<S> {
         self.cleanups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let me = self.clone();
+        // Versions made from now on have higher ids and are never touched.
+        let horizon = self.peek_next_id();
         tokio::spawn(async move {
             let mut wait = Duration::from_millis(200);
             for _ in 0..CLEANUP_ROUNDS {
-                if me.remove_orphan_parts().await {
+                if me.remove_orphan_parts(horizon).await {
                     break;
                 }
                 tokio::time::sleep(wait).await;
@@ -192,14 +193,12 @@ impl<S: ObjectStore> WriteBack<S> {
         });
     }
 
-    /// Deletes temporary part objects nobody needs: this cache directory's, unless a live
-    /// version may use them, and other mounts' once they are old. Returns whether the whole
-    /// listing was gone through.
-    pub async fn remove_orphan_parts(&self) -> bool {
+    /// Deletes temporary part objects nobody needs: this cache directory's with an id below
+    /// `horizon` (the ids in use when the mount started), unless a live version may use them,
+    /// and other mounts' once they are old. Returns whether the whole listing was gone through.
+    pub async fn remove_orphan_parts(&self, horizon: u64) -> bool {
         let root = self.cfg.upload.temp_prefix.clone();
         let own = format!("{root}{}/", self.dir.tag());
-        // Versions made from now on have higher ids and are never touched.
-        let horizon = self.peek_next_id();
         let mut token = None;
         loop {
             let req = ListRequest {

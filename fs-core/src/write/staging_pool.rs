@@ -51,18 +51,20 @@ const BATCH: usize = 64;
 enum Job {
     /// Top the pool up with new files.
     Refill,
-    /// Empty this file and add it to the pool under a fresh id.
-    Recycle(PathBuf),
+    /// Empty staging file `id` and add it to the pool under a fresh id.
+    Recycle(u64),
 }
 
-/// Run before any recycled file is emptied or deleted: makes durable every journal change
-/// that stopped naming it.
-pub type Barrier = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
+/// Run before recycled files (by id) are emptied or deleted: makes the journal durable, then
+/// says for each whether a live record still names it (such a file is left where it is, for
+/// the next mount to sort out: a record whose removal failed, or one about to be replaced).
+pub type Barrier = Box<dyn Fn(&[u64]) -> io::Result<Vec<bool>> + Send + Sync>;
 
 /// Empty staging files with durable names, ready for new items.
 pub struct StagingPool {
     shared: Arc<Shared>,
     jobs: Mutex<Option<Sink>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Where jobs go once the pool has started.
@@ -104,6 +106,7 @@ impl StagingPool {
                 started: AtomicBool::new(false),
             }),
             jobs: Mutex::new(None),
+            thread: Mutex::new(None),
         }
     }
 
@@ -124,7 +127,8 @@ impl StagingPool {
             .name("staging-pool".into())
             .spawn(move || shared.run(rx));
         match spawned {
-            Ok(_) => {
+            Ok(handle) => {
+                *self.thread.lock() = Some(handle);
                 let _ = tx.send(Job::Refill);
                 *self.jobs.lock() = Some(Sink::Thread(tx));
             }
@@ -145,16 +149,20 @@ impl StagingPool {
         id
     }
 
-    /// Hands back the staging file at `path`, which nothing needs any more (no journal record
-    /// names it, no descriptor reads it): it is reused, or deleted.
-    pub fn recycle(&self, path: PathBuf) {
-        let sent = self.send(Job::Recycle(path.clone()));
-        if !sent {
-            if let Err(e) = (self.shared.barrier)() {
-                tracing::warn!(error = %e, path = %path.display(), "journal not durable: a staging file is left for the next mount");
-                return;
+    /// Hands back staging file `id`, which no item uses any more (no descriptor reads it): it
+    /// is reused, or deleted, once the barrier says no durable record names it.
+    pub fn recycle(&self, id: u64) {
+        if self.send(Job::Recycle(id)) {
+            return;
+        }
+        match (self.shared.barrier)(&[id]) {
+            Ok(named) if named.first() == Some(&false) => {
+                let _ = std::fs::remove_file(self.shared.path(id));
             }
-            let _ = std::fs::remove_file(path);
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, id, "journal not durable: a staging file is left for the next mount")
+            }
         }
     }
 
@@ -172,6 +180,17 @@ impl StagingPool {
                 true
             }
             None => false,
+        }
+    }
+}
+
+impl Drop for StagingPool {
+    /// Stops the thread and waits for its batch: a pool of an earlier mount of the same cache
+    /// directory in this process must not rename files into ids the next one hands out.
+    fn drop(&mut self) {
+        self.jobs.lock().take();
+        if let Some(handle) = self.thread.lock().take() {
+            let _ = handle.join();
         }
     }
 }
@@ -194,13 +213,32 @@ impl Shared {
 
     /// Does a batch of jobs, with one barrier and one directory sync.
     fn handle(&self, jobs: Vec<Job>) {
-        let recycling = jobs.iter().any(|j| matches!(j, Job::Recycle(_)));
-        // A failed barrier leaves the files where they are: the next mount sorts them out
-        // (it removes a file no record names, and uploads one a record still names).
-        let may_touch = !recycling
-            || (self.barrier)()
-                .inspect_err(|e| tracing::warn!(error = %e, "journal not durable: retired staging files are left for the next mount"))
-                .is_ok();
+        let recycled: Vec<u64> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Recycle(id) => Some(*id),
+                Job::Refill => None,
+            })
+            .collect();
+        // Files a record still names, or all of them when the barrier failed, are left where
+        // they are: the next mount sorts them out (it removes a file no record names, and
+        // uploads one a record still names).
+        let keep: std::collections::HashSet<u64> = if recycled.is_empty() {
+            Default::default()
+        } else {
+            match (self.barrier)(&recycled) {
+                Ok(named) => recycled
+                    .iter()
+                    .zip(named)
+                    .filter(|(_, named)| *named)
+                    .map(|(id, _)| *id)
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "journal not durable: retired staging files are left for the next mount");
+                    recycled.iter().copied().collect()
+                }
+            }
+        };
         let mut ready = Vec::new();
         for job in jobs {
             let room = MAX_FREE.saturating_sub(self.free.lock().len() + ready.len());
@@ -217,16 +255,18 @@ impl Shared {
                         }
                     }
                 }
-                Job::Recycle(_) if !may_touch => {}
-                Job::Recycle(path) if room > 0 => match self.reuse(&path) {
+                Job::Recycle(id) if keep.contains(&id) => {
+                    tracing::debug!(id, "a retired staging file is still named by the journal; left for the next mount");
+                }
+                Job::Recycle(id) if room > 0 => match self.reuse(&self.path(id)) {
                     Ok(id) => ready.push(id),
                     Err(e) => {
-                        tracing::debug!(error = %e, path = %path.display(), "could not reuse a staging file");
-                        let _ = std::fs::remove_file(&path);
+                        tracing::debug!(error = %e, id, "could not reuse a staging file");
+                        let _ = std::fs::remove_file(self.path(id));
                     }
                 },
-                Job::Recycle(path) => {
-                    let _ = std::fs::remove_file(&path);
+                Job::Recycle(id) => {
+                    let _ = std::fs::remove_file(self.path(id));
                 }
             }
         }
@@ -285,7 +325,11 @@ mod tests {
 
     fn pool(dir: &Path, first_id: u64) -> (StagingPool, Arc<AtomicU64>) {
         let ids = Arc::new(AtomicU64::new(first_id));
-        let pool = StagingPool::new(dir.to_path_buf(), ids.clone(), Box::new(|| Ok(())));
+        let pool = StagingPool::new(
+            dir.to_path_buf(),
+            ids.clone(),
+            Box::new(|ids: &[u64]| Ok(vec![false; ids.len()])),
+        );
         (pool, ids)
     }
 
@@ -296,7 +340,7 @@ mod tests {
         assert_eq!(p.take(), None);
         let f = dir.path().join(staging_file_name(99));
         std::fs::write(&f, b"old").unwrap();
-        p.recycle(f.clone());
+        p.recycle(99);
         assert!(!f.exists(), "deleted, not kept");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
@@ -334,7 +378,7 @@ mod tests {
         std::fs::write(&old, vec![7u8; 100_000]).unwrap();
         let before: std::collections::HashSet<u64> = p.shared.free.lock().iter().copied().collect();
         let next = ids.load(Ordering::SeqCst);
-        p.recycle(old.clone());
+        p.recycle(used);
         wait_for("the recycled file", || p.free_len() > before.len());
         assert!(!old.exists(), "moved away from its old id");
         let free = p.shared.free.lock().clone();
@@ -352,58 +396,60 @@ mod tests {
         p.start();
         wait_for("the first refill", || p.free_len() >= TARGET);
         let before = p.free_len();
-        // A path that is not a file: it cannot be emptied.
-        let gone = dir.path().join("missing.data");
-        p.recycle(gone.clone());
+        // A file that is not there: it cannot be emptied.
+        let gone = dir.path().join(staging_file_name(4_999));
+        p.recycle(4_999);
         let old = dir.path().join(staging_file_name(5_000));
         std::fs::write(&old, b"x").unwrap();
-        p.recycle(old.clone());
+        p.recycle(5_000);
         wait_for("the good one", || p.free_len() > before);
         assert_eq!(p.free_len(), before + 1);
         assert!(!gone.exists());
     }
 
-    /// The barrier (the journal's sync) runs before a retired file is touched, and when it
-    /// fails the file stays where it is, bytes and all.
+    /// The barrier (the journal's sync) runs before a retired file is touched; when it fails,
+    /// or says a record still names the file, the file stays where it is, bytes and all.
     #[test]
-    fn recycling_waits_for_the_barrier_and_a_failed_one_touches_nothing() {
+    fn recycling_waits_for_the_barrier_and_leaves_named_files() {
         use std::sync::atomic::AtomicUsize;
         let dir = tempfile::tempdir().unwrap();
         let ids = Arc::new(AtomicU64::new(1));
         let calls = Arc::new(AtomicUsize::new(0));
-        let fail = Arc::new(AtomicBool::new(false));
+        // 0: the barrier fails; 1: the record still names the file; 2: it does not.
+        let mode = Arc::new(AtomicUsize::new(0));
         let watched = dir.path().join(staging_file_name(1_000));
-        let (c, f, w) = (calls.clone(), fail.clone(), watched.clone());
-        let barrier: Barrier = Box::new(move || {
+        let (c, m, w) = (calls.clone(), mode.clone(), watched.clone());
+        let barrier: Barrier = Box::new(move |ids: &[u64]| {
+            assert_eq!(ids, [1_000]);
             // Called while the file is still whole.
-            if w.exists() {
-                assert_eq!(std::fs::read(&w).unwrap(), b"acknowledged once");
-            }
+            assert_eq!(std::fs::read(&w).unwrap(), b"acknowledged once");
             c.fetch_add(1, Ordering::SeqCst);
-            if f.load(Ordering::SeqCst) {
-                Err(io::Error::other("disk gone"))
-            } else {
-                Ok(())
+            match m.load(Ordering::SeqCst) {
+                0 => Err(io::Error::other("disk gone")),
+                1 => Ok(vec![true]),
+                _ => Ok(vec![false]),
             }
         });
         let p = StagingPool::new(dir.path().to_path_buf(), ids, barrier);
         p.start();
         wait_for("the first refill", || p.free_len() >= TARGET);
         let before = p.free_len();
-
-        fail.store(true, Ordering::SeqCst);
         std::fs::write(&watched, b"acknowledged once").unwrap();
-        p.recycle(watched.clone());
-        wait_for("the failed barrier", || calls.load(Ordering::SeqCst) == 1);
-        // Give the thread time to (wrongly) touch the file.
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(std::fs::read(&watched).unwrap(), b"acknowledged once");
-        assert_eq!(p.free_len(), before);
-
-        fail.store(false, Ordering::SeqCst);
-        p.recycle(watched.clone());
+        for (m, calls_after) in [(0, 1), (1, 2)] {
+            mode.store(m, Ordering::SeqCst);
+            p.recycle(1_000);
+            wait_for("the barrier", || {
+                calls.load(Ordering::SeqCst) == calls_after
+            });
+            // Give the thread time to (wrongly) touch the file.
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(std::fs::read(&watched).unwrap(), b"acknowledged once");
+            assert_eq!(p.free_len(), before);
+        }
+        mode.store(2, Ordering::SeqCst);
+        p.recycle(1_000);
         wait_for("the recycled file", || p.free_len() > before);
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
         assert!(!watched.exists());
     }
 }

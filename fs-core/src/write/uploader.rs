@@ -216,7 +216,10 @@ impl<S: ObjectStore> WriteBack<S> {
                     // Not waited for: its staging file goes through the pool, which makes the
                     // journal durable before touching it.
                     match self.journal.forget(v.id) {
-                        Ok(()) => it.forgotten_unsynced = it.work_id == v.id,
+                        Ok(()) => {
+                            it.forgotten_unsynced = it.work_id == v.id;
+                            self.flush_forgotten_soon();
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "could not remove a journal record; the file will be uploaded again at the next mount")
                         }
@@ -226,7 +229,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     newer.progress = UploadState::Staged;
                 }
                 if superseded(&it) {
-                    self.recycle(self.dir.staging_path(v.id));
+                    self.recycle(v.id);
                 }
                 // Parts whose answer was lost are listed nowhere: sweep the version's prefix (all
                 // of the file's, unless a newer version of the same file may still use some).

@@ -76,6 +76,8 @@ const CLEANUP_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Listing rounds a sweep of temporary parts makes before it leaves them to the next mount.
 const SWEEP_ROUNDS: u32 = 12;
+/// At most this long between a finished upload forgetting its record and that being durable.
+const FORGET_FLUSH_DELAY: Duration = Duration::from_secs(1);
 
 /// Bytes fetched from the bucket per step when completing a file (the file's lock is released
 /// between steps).
@@ -92,6 +94,8 @@ pub struct WriteBack<S: ObjectStore> {
     next_id: Arc<AtomicU64>,
     /// Empty staging files with durable names, for new items and copies.
     pool: StagingPool,
+    /// A journal sync for forgotten records is due ([`Self::flush_forgotten_soon`]).
+    flush_scheduled: Arc<std::sync::atomic::AtomicBool>,
     pub(super) slots: Arc<Semaphore>,
     pub counters: Counters,
     pub(super) on_settled: SettleHook,
@@ -138,7 +142,10 @@ impl<S: ObjectStore> WriteBack<S> {
         let pool = StagingPool::new(
             dir.staging_dir(),
             next_id.clone(),
-            Box::new(move || barrier.sync_now()),
+            Box::new(move |ids: &[u64]| {
+                barrier.sync_now()?;
+                Ok(ids.iter().map(|id| barrier.names(*id)).collect())
+            }),
         );
         Ok(Arc::new(WriteBack {
             slots: Arc::new(Semaphore::new(cfg.files_concurrency.max(1))),
@@ -150,6 +157,7 @@ impl<S: ObjectStore> WriteBack<S> {
             by_key: parking_lot::Mutex::new(BTreeMap::new()),
             next_id,
             pool,
+            flush_scheduled: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             counters: Counters::default(),
             on_settled,
             settled: Arc::new(tokio::sync::Notify::new()),
@@ -176,7 +184,7 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Starts making staging files ahead of need; called once start-up recovery has removed
     /// the files no record names.
-    pub(super) fn start_pool(&self) {
+    pub fn start_pool(&self) {
         self.pool.start();
     }
 
@@ -271,7 +279,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             // Another open made an item for this name meanwhile (or a rename is swapping the
             // name's item): use that one once it is in place.
-            self.pool.recycle(self.dir.staging_path(id));
+            self.pool.recycle(id);
             tokio::task::yield_now().await;
         }
     }
@@ -631,12 +639,39 @@ impl<S: ObjectStore> WriteBack<S> {
         Ok(())
     }
 
-    /// Drops a version that will never be uploaded: its staging file (callers make sure it is
-    /// not the working copy's) and its temporary parts.
-    pub(super) fn recycle(&self, path: PathBuf) {
-        self.pool.recycle(path);
+    /// Hands staging file `id`, which no item uses any more, to the pool: reused (or deleted)
+    /// once no durable journal record names it.
+    pub(super) fn recycle(&self, id: u64) {
+        self.pool.recycle(id);
     }
 
+    /// Makes every journal change so far durable. A namespace change calls it before it
+    /// touches the bucket: a record forgotten without a sync
+    /// ([`Journal::forget`](super::journal::Journal::forget)) must not come back after a power
+    /// loss and upload the file again under a name just deleted or renamed away.
+    pub async fn settle_journal(&self) -> FsResult<()> {
+        Ok(self.journal.flush().await?)
+    }
+
+    /// Makes a forgotten record durable within a second, so its window stays short even when
+    /// nothing else syncs the journal (another client may change the object meanwhile, and a
+    /// replayed record would then make a needless conflict copy). One timer at a time.
+    pub(super) fn flush_forgotten_soon(&self) {
+        if self.flush_scheduled.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (journal, scheduled) = (self.journal.clone(), self.flush_scheduled.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(FORGET_FLUSH_DELAY).await;
+            scheduled.store(false, Ordering::SeqCst);
+            if let Err(e) = journal.flush().await {
+                tracing::warn!(error = %e, "could not sync the journal");
+            }
+        });
+    }
+
+    /// Drops a version that will never be uploaded: its staging file (callers make sure it is
+    /// not the working copy's) and its temporary parts.
     pub(super) fn discard(&self, v: &Version) {
         if v.size >= self.cfg.upload.single_shot_threshold {
             // The file is done with: the parts of every version it held go.
@@ -795,7 +830,7 @@ impl<S: ObjectStore> WriteBack<S> {
         it.work.close_fd();
         // Nothing needs the file any more: its version is in the bucket (or it was unlinked),
         // and no descriptor reads it (an upload attempt ends before its item can settle).
-        self.pool.recycle(it.work.path().to_path_buf());
+        self.pool.recycle(it.work_id);
         self.recharge(shared, it);
     }
 
