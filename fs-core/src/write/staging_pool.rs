@@ -55,9 +55,10 @@ enum Job {
     Recycle(u64),
 }
 
-/// Run before recycled files (by id) are emptied or deleted: makes the journal durable, then
-/// says for each whether a live record still names it (such a file is left where it is, for
-/// the next mount to sort out: a record whose removal failed, or one about to be replaced).
+/// Run before recycled files (by id) are emptied or deleted: says for each whether a live
+/// record still names it (such a file is left where it is, for the next mount to sort out: a
+/// record whose removal failed, or one whose removal is not yet appended), then makes the
+/// journal durable, so every removal that was appended is.
 pub type Barrier = Box<dyn Fn(&[u64]) -> io::Result<Vec<bool>> + Send + Sync>;
 
 /// Empty staging files with durable names, ready for new items.
@@ -82,6 +83,8 @@ struct Shared {
     /// Ids whose file exists, is empty, and whose name is durable.
     free: Mutex<Vec<u64>>,
     started: AtomicBool,
+    /// The pool is being dropped: no more refills.
+    stopping: AtomicBool,
 }
 
 impl std::fmt::Debug for StagingPool {
@@ -104,6 +107,7 @@ impl StagingPool {
                 ids,
                 free: Mutex::new(Vec::new()),
                 started: AtomicBool::new(false),
+                stopping: AtomicBool::new(false),
             }),
             jobs: Mutex::new(None),
             thread: Mutex::new(None),
@@ -188,6 +192,7 @@ impl Drop for StagingPool {
     /// Stops the thread and waits for its batch: a pool of an earlier mount of the same cache
     /// directory in this process must not rename files into ids the next one hands out.
     fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
         self.jobs.lock().take();
         if let Some(handle) = self.thread.lock().take() {
             let _ = handle.join();
@@ -243,6 +248,7 @@ impl Shared {
         for job in jobs {
             let room = MAX_FREE.saturating_sub(self.free.lock().len() + ready.len());
             match job {
+                Job::Refill if self.stopping.load(Ordering::SeqCst) => {}
                 Job::Refill => {
                     let want = TARGET.saturating_sub(self.free.lock().len() + ready.len());
                     for _ in 0..want.min(BATCH) {

@@ -214,8 +214,14 @@ impl<S: ObjectStore> WriteBack<S> {
                 if current {
                     it.pending = None;
                     // Not waited for: its staging file goes through the pool, which makes the
-                    // journal durable before touching it.
-                    match self.journal.forget(v.id) {
+                    // journal durable before touching it. A conflict's is: replayed, it would
+                    // make a second conflict copy.
+                    let forgotten = if conflict {
+                        self.journal.remove(v.id).await
+                    } else {
+                        self.journal.forget(v.id)
+                    };
+                    match forgotten {
                         Ok(()) => {
                             it.forgotten_unsynced = it.work_id == v.id;
                             self.flush_forgotten_soon();

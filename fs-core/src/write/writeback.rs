@@ -143,8 +143,12 @@ impl<S: ObjectStore> WriteBack<S> {
             dir.staging_dir(),
             next_id.clone(),
             Box::new(move |ids: &[u64]| {
+                // Asked before the sync: a retired id is never named again, so one not named
+                // now had its removal appended already, and the sync makes that durable.
+                // (Asked after, a removal appended during the sync would pass unsynced.)
+                let named = ids.iter().map(|id| barrier.names(*id)).collect();
                 barrier.sync_now()?;
-                Ok(ids.iter().map(|id| barrier.names(*id)).collect())
+                Ok(named)
             }),
         );
         Ok(Arc::new(WriteBack {
@@ -941,7 +945,7 @@ impl<S: ObjectStore> WriteBack<S> {
         if let Some(p) = it.pending.take() {
             self.journal.remove(p.id).await?;
             if p.id != it.work_id {
-                let _ = std::fs::remove_file(self.dir.staging_path(p.id));
+                self.recycle(p.id);
             }
             if p.size >= self.cfg.upload.single_shot_threshold {
                 self.sweep_parts(p.id, None);
@@ -980,7 +984,9 @@ impl<S: ObjectStore> WriteBack<S> {
             if let Some(p) = o.pending.take() {
                 changes.push(Change::Del(p.id));
                 if p.id != o.work_id {
-                    let _ = std::fs::remove_file(self.dir.staging_path(p.id));
+                    // Through the pool: the file stays until the removal of its record, in
+                    // the batch below, is durable.
+                    self.recycle(p.id);
                 }
                 if p.size >= self.cfg.upload.single_shot_threshold {
                     self.sweep_parts(p.id, None);
