@@ -205,8 +205,8 @@ impl<S: ObjectStore> Filesystem<S> {
         src_key: &str,
         dst_key: &str,
     ) -> FsResult<()> {
-        self.writer()?.settle_journal().await?;
         let w = self.writer()?;
+        w.settle_journal().await?;
         let (src_key, dst_key) = (src_key.to_string(), dst_key.to_string());
         let src_local = w.item(&src_key).is_some();
         let dst_local = w.item(&dst_key).is_some();

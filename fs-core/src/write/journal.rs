@@ -242,18 +242,9 @@ impl Journal {
     /// Makes every change appended so far durable, on the calling thread (a background
     /// thread's: it blocks).
     pub fn sync_now(&self) -> io::Result<()> {
-        let (file, dir) = {
-            let log = self.log.lock();
-            (log.file.clone(), log.dir_unsynced)
-        };
-        file.sync_data()?;
-        if dir {
-            platform::sync_dir(&self.dir)?;
-            let mut log = self.log.lock();
-            if Arc::ptr_eq(&log.file, &file) {
-                log.dir_unsynced = false;
-            }
-        }
+        let point = self.sync_point();
+        point.sync()?;
+        self.synced(&point);
         Ok(())
     }
 
@@ -312,32 +303,32 @@ impl Journal {
         if *synced >= seq {
             return Ok(());
         }
-        let (file, upto, dir) = {
-            let log = self.log.lock();
-            let dir = log.dir_unsynced.then(|| self.dir.clone());
-            (log.file.clone(), log.appended, dir)
-        };
-        let synced_file = file.clone();
-        let synced_dir = dir.is_some();
-        platform::blocking(move || {
-            file.sync_data()?;
-            // A compaction renamed a new log into place, but could not make the rename durable:
-            // until it is, a crash would bring back the old log without the lines since.
-            match dir {
-                Some(dir) => platform::sync_dir(&dir),
-                None => Ok(()),
-            }
-        })
-        .await?;
-        if synced_dir {
+        let point = self.sync_point();
+        let point = platform::blocking(move || point.sync().map(|()| point)).await?;
+        self.synced(&point);
+        *synced = point.upto;
+        Ok(())
+    }
+
+    /// What a sync started now must cover.
+    fn sync_point(&self) -> SyncPoint {
+        let log = self.log.lock();
+        SyncPoint {
+            file: log.file.clone(),
+            dir: log.dir_unsynced.then(|| self.dir.clone()),
+            upto: log.appended,
+        }
+    }
+
+    /// Notes that `point` was synced: a compaction's rename it covered is durable, unless yet
+    /// another compaction renamed a newer log in meanwhile.
+    fn synced(&self, point: &SyncPoint) {
+        if point.dir.is_some() {
             let mut log = self.log.lock();
-            // Unless yet another compaction renamed a newer log in meanwhile.
-            if Arc::ptr_eq(&log.file, &synced_file) {
+            if Arc::ptr_eq(&log.file, &point.file) {
                 log.dir_unsynced = false;
             }
         }
-        *synced = upto;
-        Ok(())
     }
 
     /// Rewrites the log with only the live records, then appends go to the new log.
@@ -371,6 +362,26 @@ impl Journal {
     /// One past the highest record id in use.
     pub fn next_id(&self) -> io::Result<u64> {
         Ok(self.log.lock().live.keys().max().map_or(1, |id| id + 1))
+    }
+}
+
+/// The log as one sync finds it: the file, the directory when a compaction's rename is not yet
+/// known durable, and the last change appended.
+struct SyncPoint {
+    file: Arc<File>,
+    dir: Option<PathBuf>,
+    upto: u64,
+}
+
+impl SyncPoint {
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()?;
+        // A compaction renamed a new log into place, but could not make the rename durable:
+        // until it is, a crash would bring back the old log without the lines since.
+        match &self.dir {
+            Some(dir) => platform::sync_dir(dir),
+            None => Ok(()),
+        }
     }
 }
 

@@ -283,7 +283,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             // Another open made an item for this name meanwhile (or a rename is swapping the
             // name's item): use that one once it is in place.
-            self.pool.recycle(id);
+            self.recycle(id);
             tokio::task::yield_now().await;
         }
     }
@@ -455,7 +455,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Before the working copy's bytes change: see [`Item::forgotten_unsynced`].
     async fn settle_forgotten(&self, it: &mut Item) -> FsResult<()> {
         if it.forgotten_unsynced {
-            self.journal.flush().await?;
+            self.settle_journal().await?;
             it.forgotten_unsynced = false;
         }
         Ok(())
@@ -834,7 +834,7 @@ impl<S: ObjectStore> WriteBack<S> {
         it.work.close_fd();
         // Nothing needs the file any more: its version is in the bucket (or it was unlinked),
         // and no descriptor reads it (an upload attempt ends before its item can settle).
-        self.pool.recycle(it.work_id);
+        self.recycle(it.work_id);
         self.recharge(shared, it);
     }
 
