@@ -1,19 +1,27 @@
 //! WinFsp's `FileSystemContext`, translated onto the core's Windows [`Volume`].
 //!
-//! Each callback converts WinFsp's UTF-16 strings and buffers, blocks on the core's future on
-//! the mount's tokio runtime (WinFsp calls from its own dispatcher threads), and maps the
-//! core's error to its NTSTATUS through `FsError::ntstatus`. No decision is made here.
+//! Each callback converts WinFsp's UTF-16 strings and buffers, runs the core's future on the
+//! mount's tokio runtime, and maps the core's error to its NTSTATUS through `FsError::ntstatus`.
+//! No decision is made here.
+//!
+//! Read, write and read-directory are the calls WinFsp lets a file system leave pending: they
+//! go through `AsyncFileSystemContext`, which spawns the future on the runtime and frees the
+//! dispatcher thread at once, so a read waiting on the network never holds one of WinFsp's
+//! threads. The other callbacks block their dispatcher thread on the future; the core keeps
+//! them off the network where it can (open and create answer from kept listings, flush
+//! stops at the local disk).
 
 use std::ffi::c_void;
 use std::future::Future;
 use std::sync::Arc;
 
 use fs_core::store::ObjectStore;
-use fs_core::windows::volume::{OpenOptions, Volume, WinEntry, WinHandle, WinInfo};
+use fs_core::windows::volume::{OpenOptions, Opened, Volume, WinEntry, WinHandle, WinInfo};
 use fs_core::FsError;
+use winfsp::constants::FSP_FSCTL_TRANSACT_RSP_BUFFER_SIZEMAX;
 use winfsp::filesystem::{
-    DirInfo, DirMarker, FileInfo, FileSecurity, FileSystemContext, OpenFileInfo, VolumeInfo,
-    WideNameInfo,
+    AsyncFileSystemContext, DirInfo, DirMarker, FileInfo, FileSecurity, FileSystemContext,
+    OpenFileInfo, VolumeInfo, WideNameInfo,
 };
 use winfsp::{FspError, U16CStr};
 
@@ -39,6 +47,20 @@ fn status(e: FsError) -> FspError {
 fn name(s: &U16CStr) -> winfsp::Result<String> {
     s.to_string()
         .map_err(|_| FspError::NTSTATUS(STATUS_OBJECT_NAME_INVALID))
+}
+
+/// Gives WinFsp the opened file's name as the directories show it. On a case-insensitive
+/// volume WinFsp otherwise keeps the name as the caller spelled it, upper-cased: a case-only
+/// rename would then look like no change, and change notifications would show capitals.
+fn fill_opened(out: &mut OpenFileInfo, opened: &Opened) {
+    fill(out.as_mut(), &opened.info);
+    let wide: Vec<u16> = opened.name.encode_utf16().collect();
+    let bytes = (wide.len() + 1) * 2;
+    if bytes <= usize::from(out.normalized_name_size())
+        && bytes < FSP_FSCTL_TRANSACT_RSP_BUFFER_SIZEMAX
+    {
+        out.set_normalized_name(&wide, Some(u16::from(b'\\')));
+    }
 }
 
 fn fill(out: &mut FileInfo, info: &WinInfo) {
@@ -85,6 +107,38 @@ impl<S: ObjectStore> BucketFs<S> {
         Ok(self.security.len())
     }
 
+    /// Fills `buffer` with the directory's entries after `marker`, page by page from the
+    /// core, until the buffer is full (WinFsp then asks again after the last name it got) or
+    /// the directory ends. The pattern is not used: WinFsp matches it with Windows' rules.
+    async fn fill_directory(
+        &self,
+        context: &WinHandle,
+        marker: Option<String>,
+        buffer: &mut [u8],
+    ) -> winfsp::Result<u32> {
+        let mut cursor = 0u32;
+        let mut marker = marker;
+        loop {
+            let page = self
+                .volume
+                .read_directory(context, marker.as_deref())
+                .await
+                .map_err(status)?;
+            for entry in &page.entries {
+                if !Self::write_entry(entry, buffer, &mut cursor) {
+                    return Ok(cursor);
+                }
+            }
+            match page.entries.last() {
+                Some(last) if !page.end => marker = Some(last.name.clone()),
+                _ => {
+                    DirInfo::<255>::finalize_buffer(buffer, &mut cursor);
+                    return Ok(cursor);
+                }
+            }
+        }
+    }
+
     fn write_entry(entry: &WinEntry, buffer: &mut [u8], cursor: &mut u32) -> bool {
         let mut di = DirInfo::<255>::new();
         fill(di.file_info_mut(), &entry.info);
@@ -123,9 +177,9 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
     ) -> winfsp::Result<Self::FileContext> {
         let path = name(file_name)?;
         let opts = OpenOptions::from_create_options(create_options);
-        let (handle, info) = self.run(self.volume.open(&path, opts))?;
-        fill(file_info.as_mut(), &info);
-        Ok(handle)
+        let opened = self.run(self.volume.open(&path, opts))?;
+        fill_opened(file_info, &opened);
+        Ok(opened.handle)
     }
 
     fn close(&self, context: Self::FileContext) {
@@ -146,9 +200,9 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
     ) -> winfsp::Result<Self::FileContext> {
         let path = name(file_name)?;
         let opts = OpenOptions::from_create_options(create_options);
-        let (handle, info) = self.run(self.volume.create(&path, opts, allocation_size))?;
-        fill(file_info.as_mut(), &info);
-        Ok(handle)
+        let opened = self.run(self.volume.create(&path, opts, allocation_size))?;
+        fill_opened(file_info, &opened);
+        Ok(opened.handle)
     }
 
     fn cleanup(&self, context: &Self::FileContext, _file_name: Option<&U16CStr>, flags: u32) {
@@ -206,31 +260,6 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
         Ok(())
     }
 
-    fn read_directory(
-        &self,
-        context: &Self::FileContext,
-        pattern: Option<&U16CStr>,
-        marker: DirMarker,
-        buffer: &mut [u8],
-    ) -> winfsp::Result<u32> {
-        let pattern = pattern.map(name).transpose()?;
-        let marker = marker.inner_as_cstr().map(name).transpose()?;
-        let entries = self.run(self.volume.read_directory(
-            context,
-            pattern.as_deref(),
-            marker.as_deref(),
-        ))?;
-        let mut cursor = 0u32;
-        for entry in &entries {
-            if !Self::write_entry(entry, buffer, &mut cursor) {
-                // The buffer is full; WinFsp asks again after the last name it got.
-                return Ok(cursor);
-            }
-        }
-        DirInfo::<255>::finalize_buffer(buffer, &mut cursor);
-        Ok(cursor)
-    }
-
     fn rename(
         &self,
         context: &Self::FileContext,
@@ -281,37 +310,6 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
         Ok(())
     }
 
-    fn read(
-        &self,
-        context: &Self::FileContext,
-        buffer: &mut [u8],
-        offset: u64,
-    ) -> winfsp::Result<u32> {
-        let len = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
-        let data = self.run(self.volume.read(context, offset, len))?;
-        let n = data.len().min(buffer.len());
-        buffer[..n].copy_from_slice(&data[..n]);
-        Ok(n as u32)
-    }
-
-    fn write(
-        &self,
-        context: &Self::FileContext,
-        buffer: &[u8],
-        offset: u64,
-        write_to_eof: bool,
-        constrained_io: bool,
-        file_info: &mut FileInfo,
-    ) -> winfsp::Result<u32> {
-        let (n, info) =
-            self.run(
-                self.volume
-                    .write(context, offset, buffer, write_to_eof, constrained_io),
-            )?;
-        fill(file_info, &info);
-        Ok(n)
-    }
-
     fn get_dir_info_by_name(
         &self,
         context: &Self::FileContext,
@@ -330,5 +328,57 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
         out_volume_info.free_size = st.free_size;
         out_volume_info.set_volume_label(&st.label);
         Ok(())
+    }
+}
+
+impl<S: ObjectStore> AsyncFileSystemContext for BucketFs<S> {
+    async fn read_async(
+        &self,
+        context: &Self::FileContext,
+        buffer: &mut [u8],
+        offset: u64,
+    ) -> winfsp::Result<u32> {
+        let len = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
+        let data = self
+            .volume
+            .read(context, offset, len)
+            .await
+            .map_err(status)?;
+        let n = data.len().min(buffer.len());
+        buffer[..n].copy_from_slice(&data[..n]);
+        Ok(n as u32)
+    }
+
+    async fn write_async(
+        &self,
+        context: &Self::FileContext,
+        buffer: &[u8],
+        offset: u64,
+        write_to_eof: bool,
+        constrained_io: bool,
+        file_info: &mut FileInfo,
+    ) -> winfsp::Result<u32> {
+        let (n, info) = self
+            .volume
+            .write(context, offset, buffer, write_to_eof, constrained_io)
+            .await
+            .map_err(status)?;
+        fill(file_info, &info);
+        Ok(n)
+    }
+
+    fn read_directory_async(
+        &self,
+        context: &Self::FileContext,
+        _pattern: Option<&U16CStr>,
+        marker: DirMarker<'_>,
+        buffer: &mut [u8],
+    ) -> impl Future<Output = winfsp::Result<u32>> + Send {
+        let marker = marker.inner_as_cstr().map(name).transpose();
+        async move { self.fill_directory(context, marker?, buffer).await }
+    }
+
+    fn spawn_task(&self, future: impl Future<Output = ()> + Send + 'static) {
+        self.rt.spawn(future);
     }
 }

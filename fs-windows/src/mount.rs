@@ -20,6 +20,12 @@ use crate::adapter::BucketFs;
 use crate::security::Descriptor;
 use crate::MountArgs;
 
+/// WinFsp dispatcher threads. WinFsp's default is one per processor, 4 to 16. Reads, writes
+/// and listings leave their thread at once (they pend on the runtime), but the namespace calls
+/// block theirs, and Explorer keeps many in flight at once; a queued request that waits past
+/// WinFsp's IRP timeout is cancelled. Threads that wait cost little.
+const DISPATCHER_THREADS: u32 = 32;
+
 pub fn run(args: MountArgs) -> ExitCode {
     match serve(&args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -62,6 +68,9 @@ fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemP
         .max_component_length(MAX_NAME_UNITS as u16)
         .volume_creation_time(to_filetime(SystemTime::now()))
         .volume_serial_number(crc32c::crc32c(bucket.as_bytes()))
+        // The one timeout WinFsp reads from these parameters. The per-kind setters
+        // (`dir_info_timeout`, `security_timeout`, ...) only take effect with
+        // `VolumeParams.Version` set, which winfsp-rs leaves at 0, so none is used.
         .file_info_timeout(u32::try_from(args.file_info_timeout.as_millis()).unwrap_or(u32::MAX))
         // Case-insensitive lookups, names keep their case, full Unicode.
         .case_sensitive_search(false)
@@ -77,8 +86,9 @@ fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemP
         // Cleanup only matters for files that were changed or are to be deleted.
         .post_cleanup_when_modified_only(true)
         .flush_and_purge_on_cleanup(true)
-        // The core matches patterns and answers lookups of one name in a directory.
-        .pass_query_directory_pattern(true)
+        // WinFsp matches enumeration patterns itself, with Windows' rules; the core answers
+        // lookups of one name in a directory (`get_dir_info_by_name`).
+        .pass_query_directory_pattern(false)
         .pass_query_directory_filename(true);
     if !args.no_network_mode {
         vp.prefix(format!(r"\bucketdrive\{bucket}"));
@@ -90,7 +100,7 @@ fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemP
 
 fn serve(args: &MountArgs) -> Result<(), String> {
     let common = &args.common;
-    let (bucket, prefix) = fs_core::config::parse_bucket_spec(launcher_bucket_spec(&args.bucket))?;
+    let (bucket, prefix) = fs_core::config::parse_bucket_spec(&launcher_bucket_spec(&args.bucket))?;
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let security = Descriptor::from_sddl(&args.security)?;
     // Decided once, before anything uses the cache directory.
@@ -105,12 +115,14 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     let context = BucketFs::new(volume, rt.handle().clone(), security);
     // WinFsp's fine guard: most callbacks run concurrently (the core locks per handle); only
     // namespace-wide changes such as rename run alone.
-    let mut host: FileSystemHost<BucketFs<GcsStore>> =
-        FileSystemHost::new_with_options(volume_params(args, &bucket, fs.is_read_only()), context)
-            .map_err(|e| format!("cannot create the WinFsp file system: {e:?}"))?;
+    let mut host: FileSystemHost<BucketFs<GcsStore>> = FileSystemHost::new_with_options_async(
+        volume_params(args, &bucket, fs.is_read_only()),
+        context,
+    )
+    .map_err(|e| format!("cannot create the WinFsp file system: {e:?}"))?;
     host.mount(mountpoint.as_str())
         .map_err(|e| format!("cannot mount on {mountpoint}: {e:?}"))?;
-    if let Err(e) = host.start() {
+    if let Err(e) = host.start_with_threads(DISPATCHER_THREADS) {
         host.unmount();
         return Err(format!("cannot start the WinFsp dispatcher: {e:?}"));
     }

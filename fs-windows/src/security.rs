@@ -11,6 +11,12 @@ use windows::Win32::Security::{GetSecurityDescriptorLength, PSECURITY_DESCRIPTOR
 /// Owner and group Administrators; full access for SYSTEM, Administrators and Everyone.
 pub const DEFAULT_SDDL: &str = "O:BAG:BAD:P(A;;FA;;;SY)(A;;FA;;;BA)(A;;FA;;;WD)";
 
+/// The largest descriptor that works. WinFsp first asks for a file's descriptor with a
+/// 1,024-byte buffer, and asks again with a bigger one only if told the size it needs; winfsp-rs
+/// reports that size only when the copy succeeds, so with a larger descriptor every open fails
+/// and is retried forever. Refused at mount time instead.
+pub const MAX_DESCRIPTOR_BYTES: usize = 1024;
+
 /// A self-relative security descriptor, as bytes WinFsp copies out.
 pub struct Descriptor(Vec<u8>);
 
@@ -38,6 +44,12 @@ impl Descriptor {
             let _ = LocalFree(Some(HLOCAL(psd.0)));
             bytes
         };
+        if bytes.len() > MAX_DESCRIPTOR_BYTES {
+            return Err(format!(
+                "--security {sddl:?} is {} bytes as a descriptor; WinFsp takes at most {MAX_DESCRIPTOR_BYTES}: use fewer entries",
+                bytes.len()
+            ));
+        }
         Ok(Descriptor(bytes))
     }
 

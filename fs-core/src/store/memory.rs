@@ -69,6 +69,9 @@ pub struct RequestCounts {
     pub get: AtomicU64,
     pub write: AtomicU64,
     pub delete: AtomicU64,
+    /// Objects and prefixes returned by LIST requests, summed: what listings cost beyond their
+    /// count, since one request may carry a thousand names.
+    pub listed: AtomicU64,
 }
 
 impl RequestCounts {
@@ -406,6 +409,10 @@ impl MemoryStore {
         self.counts.list.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("list", &req.prefix).await?;
         let page = Self::list_page(&self.objects.lock(), req);
+        self.counts.listed.fetch_add(
+            (page.objects.len() + page.prefixes.len()) as u64,
+            Ordering::SeqCst,
+        );
         self.end(plan, Ok(page)).await
     }
 

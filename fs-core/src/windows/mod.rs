@@ -49,12 +49,17 @@ pub fn attributes(kind: Kind, read_only: bool) -> u32 {
 }
 
 /// The bucket spec in `bucketdrive.exe mount SPEC`. The WinFsp launcher (`net use X:
-/// \\bucketdrive\BUCKET`) passes the volume prefix `\bucketdrive\BUCKET`; that is the bucket.
-pub fn launcher_bucket_spec(spec: &str) -> &str {
+/// \\bucketdrive\BUCKET`) passes the volume prefix `\bucketdrive\BUCKET`; that is the bucket,
+/// lower-cased: bucket names are, and Windows users type share names in any case.
+pub fn launcher_bucket_spec(spec: &str) -> String {
     let s = spec.trim_start_matches('\\');
     match s.get(..12) {
-        Some(head) if head.eq_ignore_ascii_case("bucketdrive\\") => &s[12..],
-        _ => spec,
+        Some(head) if head.eq_ignore_ascii_case("bucketdrive\\") => {
+            let rest = &s[12..];
+            let end = rest.find(['\\', '/']).unwrap_or(rest.len());
+            format!("{}{}", rest[..end].to_lowercase(), &rest[end..])
+        }
+        _ => spec.to_string(),
     }
 }
 
@@ -84,6 +89,15 @@ mod tests {
         assert_eq!(
             launcher_bucket_spec(r"\\BucketDrive\my-bucket"),
             "my-bucket"
+        );
+        assert_eq!(
+            launcher_bucket_spec(r"\bucketdrive\My-Bucket"),
+            "my-bucket",
+            "bucket names are lower case"
+        );
+        assert_eq!(
+            launcher_bucket_spec(r"\bucketdrive\My-Bucket/Some/Prefix"),
+            "my-bucket/Some/Prefix"
         );
         assert_eq!(launcher_bucket_spec("gs://b/p"), "gs://b/p");
         assert_eq!(launcher_bucket_spec("bucketdrivex"), "bucketdrivex");

@@ -166,6 +166,26 @@ pub fn from_windows(name: &str) -> String {
     out
 }
 
+/// A name as Windows compares it: each UTF-16 unit through Windows' upcase table, which maps
+/// one unit to one unit. A letter whose capital is not a single BMP character (`ß`, `ŉ`) is
+/// kept, and characters outside the BMP are never changed, so `straße.txt` and `STRASSE.TXT`
+/// are different names, as they are on NTFS. Every case-insensitive comparison in the Windows
+/// view goes through this one function, so a lookup and a uniqueness check can never disagree.
+pub fn fold(name: &str) -> String {
+    name.chars().map(fold_char).collect()
+}
+
+fn fold_char(c: char) -> char {
+    if u32::from(c) > 0xFFFF {
+        return c;
+    }
+    let mut upper = c.to_uppercase();
+    match (upper.next(), upper.next()) {
+        (Some(u), None) if u32::from(u) <= 0xFFFF => u,
+        _ => c,
+    }
+}
+
 /// Whether a name is one Windows accepts as it is (nothing in it needs mapping).
 pub fn is_windows_safe(name: &str) -> bool {
     to_windows(name) == name
@@ -187,7 +207,7 @@ pub fn directory_names<'a>(
     let mut collided = Vec::new();
     for name in names {
         let win = to_windows(name);
-        if taken.insert(win.to_lowercase()) {
+        if taken.insert(fold(&win)) {
             out.push((name.to_string(), win));
         } else {
             collided.push((name, win));
@@ -201,7 +221,7 @@ pub fn directory_names<'a>(
         let mut n = 2;
         let unique = loop {
             let candidate = format!("{stem} (case {n}){ext}");
-            if taken.insert(candidate.to_lowercase()) {
+            if taken.insert(fold(&candidate)) {
                 break candidate;
             }
             n += 1;
@@ -283,6 +303,34 @@ mod tests {
                 .collect::<std::collections::HashMap<_, _>>(),
             map
         );
+    }
+
+    #[test]
+    fn folding_is_one_unit_to_one_unit() {
+        assert_eq!(fold("Report.txt"), "REPORT.TXT");
+        assert_eq!(fold("straße"), "STRAßE", "ß has no one-unit capital");
+        assert_ne!(fold("straße.txt"), fold("STRASSE.txt"));
+        assert_eq!(fold("ǆ"), "Ǆ");
+        assert_eq!(fold("ΣΊΣΥΦΟΣ σίσυφος"), fold("σίσυφοσ ΣΊΣΥΦΟΣ"));
+        assert_eq!(
+            fold("\u{10428}"),
+            "\u{10428}",
+            "outside the BMP nothing changes"
+        );
+        assert_eq!(fold("日本語 ＡＢ ａｂ"), "日本語 ＡＢ ＡＢ");
+    }
+
+    #[test]
+    fn names_equal_under_the_folding_collide_and_others_do_not() {
+        // ß vs SS: two names on NTFS, so neither gets a suffix.
+        let got: std::collections::HashMap<_, _> =
+            directory_names(["straße.txt", "STRASSE.txt", "Ǆ", "ǆ"])
+                .into_iter()
+                .collect();
+        assert_eq!(got["straße.txt"], "straße.txt");
+        assert_eq!(got["STRASSE.txt"], "STRASSE.txt");
+        assert_eq!(got["Ǆ"], "Ǆ");
+        assert_eq!(got["ǆ"], "ǆ (case 2)");
     }
 
     fn tricky_char() -> impl Strategy<Value = char> {

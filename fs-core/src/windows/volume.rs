@@ -9,22 +9,34 @@
 //!
 //! - **Names.** A Windows path maps component by component to object names: first the exact
 //!   object name ([`names::from_windows`]), then, if there is none, a case-insensitive match
-//!   among the directory's Windows names ([`names::directory_names`]). A directory's names are
-//!   listed once and kept for the stat TTL (and dropped at once when this volume changes the
-//!   directory), so repeated misses such as Explorer's `desktop.ini` probes cost no request.
+//!   among the directory's Windows names ([`names::directory_names`]), compared through one
+//!   folding ([`names::fold`]). A directory's names are listed once and kept for the negative
+//!   TTL, so repeated misses such as Explorer's `desktop.ini` probes cost no request. This
+//!   volume's own creates, renames and deletes edit the kept listing in place rather than
+//!   dropping it: WinFsp runs those calls under its volume-wide exclusive lock, and a copy of N
+//!   files into a folder must not cost N listings of it.
+//! - **Canonical names.** Open and create return the path as the directory shows it
+//!   (`\DOCS\BUDGET.XLSX` opens `\Docs\Budget.xlsx`). WinFsp keeps that as the open file's
+//!   name; without it a case-insensitive volume keeps the upper-cased name, and a case-only
+//!   rename then looks like no change at all.
+//! - **Enumeration.** A new enumeration lists the directory afresh; each call returns a bounded
+//!   page after the marker, found by a search in the sorted listing, so a folder of N entries
+//!   costs O(N log N) however small the caller's buffer. WinFsp applies the wildcard pattern
+//!   itself, with Windows' own rules.
 //! - **Handles.** Opening resolves the name only. A core file handle for reading is taken on
 //!   the first read, and one for writing on the first change, so the many opens Explorer makes
 //!   to read attributes cost nothing and never stage a file.
 //! - **Cleanup is close.** Windows' cleanup (the last user handle closed) is where written data
 //!   becomes durable and its upload is scheduled, and where a delete-pending file is deleted.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use super::names::{directory_names, from_windows, to_windows};
+use super::names::{directory_names, fold, from_windows, to_windows};
 use super::{attributes, from_filetime, to_filetime};
 use crate::error::{FsError, FsResult};
 use crate::filesystem::{Filesystem, OpenMode, TEMP_DIR};
@@ -37,6 +49,9 @@ pub const MAX_PATH_UNITS: usize = 1024;
 pub const MAX_NAME_UNITS: usize = 255;
 /// Allocation unit reported to Windows.
 const CLUSTER: u64 = 4096;
+/// Most entries one [`Volume::read_directory`] call returns. The adapter asks again after the
+/// last one while the caller's buffer has room.
+pub const DIR_PAGE: usize = 256;
 
 /// File information as Windows wants it: FILETIMEs, attributes, sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,6 +64,14 @@ pub struct WinInfo {
     pub last_write_time: u64,
     pub change_time: u64,
     pub index_number: u64,
+}
+
+/// An opened file: its handle, its information, and its path as the directories show it.
+pub struct Opened {
+    pub handle: WinHandle,
+    pub info: WinInfo,
+    /// The canonical Windows path (`\Docs\Budget.xlsx`), for WinFsp's normalized name.
+    pub name: String,
 }
 
 /// One directory entry under its Windows name.
@@ -73,17 +96,23 @@ pub struct OpenOptions {
     pub directory: bool,
     /// `FILE_NON_DIRECTORY_FILE`: only a file will do.
     pub non_directory: bool,
+    /// `FILE_DELETE_ON_CLOSE`: the handle deletes the file when it is closed. WinFsp marks the
+    /// deletion at cleanup without asking [`Volume::set_delete`] first, so a non-empty
+    /// directory is refused here, as FAT and NTFS refuse it.
+    pub delete_on_close: bool,
 }
 
 /// Windows create-option bits the volume understands.
 pub const FILE_DIRECTORY_FILE: u32 = 0x0000_0001;
 pub const FILE_NON_DIRECTORY_FILE: u32 = 0x0000_0040;
+pub const FILE_DELETE_ON_CLOSE: u32 = 0x0000_1000;
 
 impl OpenOptions {
     pub fn from_create_options(create_options: u32) -> Self {
         OpenOptions {
             directory: create_options & FILE_DIRECTORY_FILE != 0,
             non_directory: create_options & FILE_NON_DIRECTORY_FILE != 0,
+            delete_on_close: create_options & FILE_DELETE_ON_CLOSE != 0,
         }
     }
 }
@@ -94,8 +123,6 @@ struct HandleIo {
     writer: Option<u64>,
     /// Allocation size set by the program; only reported back.
     allocation: Option<u64>,
-    /// The listing a directory enumeration is paging through.
-    listing: Option<Arc<Listing>>,
 }
 
 /// One open file or directory (WinFsp's file context).
@@ -115,59 +142,117 @@ impl WinHandle {
     }
 }
 
-/// A directory's entries under their Windows names, sorted the way Windows enumerates them.
+/// One name in a [`Listing`].
+#[derive(Clone)]
+struct ListedName {
+    /// The name Windows sees.
+    win: String,
+    object: String,
+    attr: Attr,
+}
+
+/// A directory's entries under their Windows names, keyed by the folded Windows name, which
+/// is unique in a directory ([`directory_names`] makes it so) and sorts the way Windows
+/// enumerates: by the folded name.
+#[derive(Clone)]
 struct Listing {
-    entries: Vec<(String, String, Attr)>,
-    /// Upper-cased Windows name → object name.
-    by_fold: HashMap<String, String>,
+    entries: BTreeMap<String, ListedName>,
+    /// Object name → its key in `entries`.
+    by_object: HashMap<String, String>,
+    /// Some names got a ` (case N)` suffix. Which one does depends on the whole set, so an
+    /// edit of such a directory drops the listing instead of patching it (rare: only buckets
+    /// written by case-sensitive tools have such names).
+    suffixed: bool,
     fetched: Instant,
 }
 
-fn fold(name: &str) -> String {
-    name.to_uppercase()
+impl Listing {
+    /// Adds `object` (new in the directory). False if the listing can no longer be kept
+    /// current by patching.
+    fn insert(&mut self, dir_units: usize, object: &str, attr: Attr) -> bool {
+        if self.suffixed {
+            return false;
+        }
+        self.remove(object);
+        let win = to_windows(object);
+        if !shown(dir_units, &win) {
+            return true;
+        }
+        let key = fold(&win);
+        if self.entries.contains_key(&key) {
+            // It would take a suffix: let the next listing decide which name gets it.
+            return false;
+        }
+        self.by_object.insert(object.to_string(), key.clone());
+        self.entries.insert(
+            key,
+            ListedName {
+                win,
+                object: object.to_string(),
+                attr,
+            },
+        );
+        true
+    }
+
+    /// Removes `object` if it is listed. False if the listing can no longer be kept current.
+    fn remove(&mut self, object: &str) -> bool {
+        if self.suffixed {
+            return false;
+        }
+        if let Some(key) = self.by_object.remove(object) {
+            self.entries.remove(&key);
+        }
+        true
+    }
+
+    /// The object shown under a Windows name, in any case.
+    fn object_of(&self, win_name: &str) -> Option<&ListedName> {
+        self.entries.get(&fold(win_name))
+    }
+
+    /// The name an object is shown under.
+    fn win_of(&self, object: &str) -> Option<&str> {
+        let key = self.by_object.get(object)?;
+        self.entries.get(key).map(|n| n.win.as_str())
+    }
 }
 
 fn utf16_len(s: &str) -> usize {
     s.encode_utf16().count()
 }
 
-/// Windows wildcard match, case-insensitive: `*` and `?`, and the DOS forms `<`, `>` and `"`
-/// that `cmd.exe` sends (treated as `*`, `?` and `.`).
-pub fn matches_pattern(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = fold(pattern).chars().collect();
-    let n: Vec<char> = fold(name).chars().collect();
-    // Classic two-pointer glob with backtracking to the last star.
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        match p.get(pi) {
-            Some('*') | Some('<') => {
-                star = Some((pi, ni));
-                pi += 1;
-            }
-            Some('?') | Some('>') => {
-                pi += 1;
-                ni += 1;
-            }
-            Some('"') if n[ni] == '.' => {
-                pi += 1;
-                ni += 1;
-            }
-            Some(c) if *c == n[ni] => {
-                pi += 1;
-                ni += 1;
-            }
-            _ => match star {
-                Some((sp, sn)) => {
-                    pi = sp + 1;
-                    ni = sn + 1;
-                    star = Some((sp, sn + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    p[pi..].iter().all(|c| matches!(c, '*' | '<' | '"' | '>'))
+/// Whether a name fits Windows' limits in a directory whose path is `dir_units` long.
+fn shown(dir_units: usize, win: &str) -> bool {
+    let units = utf16_len(win);
+    units <= MAX_NAME_UNITS && dir_units + units <= MAX_PATH_UNITS
+}
+
+/// How long a directory's Windows path is, in UTF-16 units with a separator per component.
+fn dir_units(dir_path: &str) -> usize {
+    dir_path
+        .split('/')
+        .map(|c| utf16_len(&to_windows(c)) + 1)
+        .sum()
+}
+
+/// How fresh a listing must be to answer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Age {
+    /// Within the listing TTL.
+    Fresh,
+    /// Listed now (a new enumeration, a delete check).
+    Now,
+    /// Any age: an enumeration paging on through the listing it started.
+    Any,
+}
+
+/// One page of a directory enumeration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirPage {
+    pub entries: Vec<WinEntry>,
+    /// No entries follow these.
+    pub end: bool,
 }
 
 /// Splits a Windows path (`\dir\file`) into its components.
@@ -254,13 +339,57 @@ impl<S: ObjectStore> Volume<S> {
         self.listings.lock().remove(dir_path);
     }
 
-    /// The Windows names of directory `dir` (an inode the caller holds).
-    async fn listing(&self, dir: Ino) -> FsResult<Arc<Listing>> {
-        let dir_path = self.object_path(dir)?;
-        if let Some(l) = self.listings.lock().get(&dir_path) {
-            if l.fetched.elapsed() < self.listing_ttl {
-                return Ok(l.clone());
+    /// Drops the listings of a directory that moved or went, and of everything under it.
+    fn forget_listings_under(&self, dir_path: &str) {
+        let inside = format!("{dir_path}/");
+        self.listings
+            .lock()
+            .retain(|k, _| k != dir_path && !k.starts_with(&inside));
+    }
+
+    /// Applies an edit this volume made to a kept listing of `dir_path`; a listing the edit
+    /// cannot be patched into is dropped, and the next lookup lists again.
+    fn edit_listing(&self, dir_path: &str, edit: impl FnOnce(&mut Listing) -> bool) {
+        let mut listings = self.listings.lock();
+        if let Some(l) = listings.get_mut(dir_path) {
+            if !edit(Arc::make_mut(l)) {
+                listings.remove(dir_path);
             }
+        }
+    }
+
+    /// `object` appeared in `dir_path` (created, or renamed there).
+    fn listed(&self, dir_path: &str, object: &str, attr: &Attr) {
+        if dir_path.is_empty() && object == TEMP_DIR {
+            return;
+        }
+        let units = dir_units(dir_path);
+        self.edit_listing(dir_path, |l| l.insert(units, object, attr.clone()));
+    }
+
+    /// `object` left `dir_path` (deleted, or renamed away).
+    fn unlisted(&self, dir_path: &str, object: &str) {
+        self.edit_listing(dir_path, |l| l.remove(object));
+    }
+
+    /// The kept listing of `dir_path`, if it is fresh enough.
+    fn kept_listing(&self, dir_path: &str, age: Age) -> Option<Arc<Listing>> {
+        let listings = self.listings.lock();
+        let l = listings.get(dir_path)?;
+        let ok = match age {
+            Age::Now => false,
+            Age::Fresh => l.fetched.elapsed() < self.listing_ttl,
+            Age::Any => true,
+        };
+        ok.then(|| l.clone())
+    }
+
+    /// The Windows names of directory `dir` (an inode the caller holds). Callers keep the
+    /// result only for the call at hand: edits replace the kept copy.
+    async fn listing(&self, dir: Ino, age: Age) -> FsResult<Arc<Listing>> {
+        let dir_path = self.object_path(dir)?;
+        if let Some(l) = self.kept_listing(&dir_path, age) {
+            return Ok(l);
         }
         let fh = self.fs.opendir(dir).await?.fh;
         let mut found = Vec::new();
@@ -286,68 +415,87 @@ impl<S: ObjectStore> Volume<S> {
         };
         self.fs.releasedir(fh);
         result?;
-        let dir_units: usize = dir_path
-            .split('/')
-            .map(|c| utf16_len(&to_windows(c)) + 1)
-            .sum();
-        let attrs: HashMap<String, Attr> = found.into_iter().collect();
-        let mut entries = Vec::with_capacity(attrs.len());
-        let mut by_fold = HashMap::with_capacity(attrs.len());
-        for (object, win) in directory_names(attrs.keys().map(String::as_str)) {
-            let units = utf16_len(&win);
-            if units > MAX_NAME_UNITS || dir_units + units > MAX_PATH_UNITS {
+        let units = dir_units(&dir_path);
+        let mut attrs: HashMap<String, Attr> = found.into_iter().collect();
+        let mut listing = Listing {
+            entries: BTreeMap::new(),
+            by_object: HashMap::with_capacity(attrs.len()),
+            suffixed: false,
+            fetched: Instant::now(),
+        };
+        let names = directory_names(attrs.keys().map(String::as_str));
+        for (object, win) in names {
+            if !shown(units, &win) {
                 tracing::warn!(
                     name = %object, dir = %dir_path,
-                    "name too long for Windows ({units} UTF-16 units in a {dir_units}-unit directory); not shown"
+                    "name too long for Windows ({} UTF-16 units in a {units}-unit directory); not shown",
+                    utf16_len(&win)
                 );
                 continue;
             }
             if dir_path.is_empty() && object == TEMP_DIR {
                 continue;
             }
-            by_fold.insert(fold(&win), object.clone());
-            let attr = attrs[&object].clone();
-            entries.push((win, object, attr));
+            let Some(attr) = attrs.remove(&object) else {
+                continue;
+            };
+            listing.suffixed |= win != to_windows(&object);
+            let key = fold(&win);
+            listing.by_object.insert(object.clone(), key.clone());
+            listing
+                .entries
+                .insert(key, ListedName { win, object, attr });
         }
-        entries.sort_by(|a, b| fold(&a.0).cmp(&fold(&b.0)).then_with(|| a.0.cmp(&b.0)));
-        let listing = Arc::new(Listing {
-            entries,
-            by_fold,
-            fetched: Instant::now(),
-        });
+        let listing = Arc::new(listing);
         self.listings.lock().insert(dir_path, listing.clone());
         Ok(listing)
     }
 
     /// Looks `win_name` up in directory `dir`: the exact object name first, then a
-    /// case-insensitive match among the directory's Windows names. The caller owns one
-    /// reference to the returned inode.
-    async fn child(&self, dir: Ino, win_name: &str) -> FsResult<Attr> {
+    /// case-insensitive match among the directory's Windows names. Returns the entry and the
+    /// name the directory shows it under; the caller owns one reference to the inode.
+    async fn child(&self, dir: Ino, win_name: &str) -> FsResult<(Attr, String)> {
         if utf16_len(win_name) > MAX_NAME_UNITS {
             return Err(FsError::InvalidName(win_name.to_string()));
         }
         let object = from_windows(win_name);
         match self.fs.lookup(dir, &object).await {
-            Ok(attr) => return Ok(attr),
+            Ok(attr) => {
+                // The shown name differs from the plain mapping only under a case suffix,
+                // which a kept listing knows; no listing is made just to ask.
+                let dir_path = self.object_path(dir)?;
+                let shown = self
+                    .kept_listing(&dir_path, Age::Fresh)
+                    .and_then(|l| l.win_of(&object).map(str::to_string))
+                    .unwrap_or_else(|| to_windows(&object));
+                return Ok((attr, shown));
+            }
             Err(FsError::NotFound) | Err(FsError::InvalidName(_)) => {}
             Err(e) => return Err(e),
         }
-        let listing = self.listing(dir).await?;
-        match listing.by_fold.get(&fold(win_name)) {
-            Some(name) if *name != object => self.fs.lookup(dir, name).await,
-            _ => Err(FsError::NotFound),
+        let found = self
+            .listing(dir, Age::Fresh)
+            .await?
+            .object_of(win_name)
+            .filter(|n| n.object != object)
+            .map(|n| (n.object.clone(), n.win.clone()));
+        match found {
+            Some((name, win)) => Ok((self.fs.lookup(dir, &name).await?, win)),
+            None => Err(FsError::NotFound),
         }
     }
 
-    /// Resolves a whole Windows path; the caller owns one reference to the result. A missing
-    /// last name is `NotFound`; a missing directory, or a file, on the way is `PathNotFound`,
-    /// which programs tell apart (`ERROR_PATH_NOT_FOUND`, say, makes them create the folder).
-    async fn resolve(&self, win_path: &str) -> FsResult<Attr> {
+    /// Resolves a whole Windows path; the caller owns one reference to the result. Returns
+    /// the path as the directories show it. A missing last name is `NotFound`; a missing
+    /// directory, or a file, on the way is `PathNotFound`, which programs tell apart
+    /// (`ERROR_PATH_NOT_FOUND`, say, makes them create the folder).
+    async fn resolve(&self, win_path: &str) -> FsResult<(Attr, String)> {
         if utf16_len(win_path) > MAX_PATH_UNITS {
             return Err(FsError::InvalidName(win_path.to_string()));
         }
         let comps = components(win_path);
         let mut attr = self.fs.getattr(ROOT_INO).await?;
+        let mut canonical = String::with_capacity(win_path.len() + 1);
         for (i, comp) in comps.iter().enumerate() {
             if attr.kind != Kind::Dir {
                 self.fs.forget(attr.ino, 1);
@@ -355,17 +503,23 @@ impl<S: ObjectStore> Volume<S> {
             }
             let next = self.child(attr.ino, comp).await;
             self.fs.forget(attr.ino, 1);
-            attr = match next {
+            let (found, shown) = match next {
                 Err(FsError::NotFound) if i + 1 < comps.len() => return Err(FsError::PathNotFound),
                 other => other?,
             };
+            canonical.push('\\');
+            canonical.push_str(&shown);
+            attr = found;
         }
-        Ok(attr)
+        if canonical.is_empty() {
+            canonical.push('\\');
+        }
+        Ok((attr, canonical))
     }
 
     /// Resolves the parent of a Windows path and maps its last name; the caller owns one
-    /// reference to the parent.
-    async fn resolve_parent<'p>(&self, win_path: &'p str) -> FsResult<(Attr, &'p str)> {
+    /// reference to the parent. Also returns the parent's path as the directories show it.
+    async fn resolve_parent<'p>(&self, win_path: &'p str) -> FsResult<(Attr, String, &'p str)> {
         let trimmed = win_path.trim_end_matches(['\\', '/']);
         let (dir, last) = match trimmed.rfind(['\\', '/']) {
             Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
@@ -374,7 +528,7 @@ impl<S: ObjectStore> Volume<S> {
         if last.is_empty() {
             return Err(FsError::InvalidName(win_path.to_string()));
         }
-        let parent = match self.resolve(dir).await {
+        let (parent, canonical) = match self.resolve(dir).await {
             Err(FsError::NotFound) => return Err(FsError::PathNotFound),
             other => other?,
         };
@@ -382,7 +536,7 @@ impl<S: ObjectStore> Volume<S> {
             self.fs.forget(parent.ino, 1);
             return Err(FsError::PathNotFound);
         }
-        Ok((parent, last))
+        Ok((parent, canonical, last))
     }
 
     /// The parent inode of an object path, by exact names; the caller owns one reference.
@@ -402,17 +556,19 @@ impl<S: ObjectStore> Volume<S> {
 
     /// Attributes for `get_security_by_name`: what is at `win_path`.
     pub async fn attributes_of(&self, win_path: &str) -> FsResult<u32> {
-        let attr = self.resolve(win_path).await?;
+        let (attr, _) = self.resolve(win_path).await?;
         self.fs.forget(attr.ino, 1);
         Ok(attributes(attr.kind, self.is_read_only()))
     }
 
-    /// Opens an existing file or directory. Nothing is fetched or staged yet.
-    pub async fn open(&self, win_path: &str, opts: OpenOptions) -> FsResult<(WinHandle, WinInfo)> {
-        let attr = self.resolve(win_path).await?;
+    /// Opens an existing file or directory. Nothing is fetched or staged yet. Also returns
+    /// the path as the directories show it, which WinFsp keeps as the file's name.
+    pub async fn open(&self, win_path: &str, opts: OpenOptions) -> FsResult<Opened> {
+        let (attr, canonical) = self.resolve(win_path).await?;
         let refuse = match attr.kind {
             Kind::Dir if opts.non_directory => Some(FsError::IsDir),
             Kind::File | Kind::Symlink if opts.directory => Some(FsError::NotDir),
+            Kind::Dir if opts.delete_on_close => self.refuse_delete(attr.ino).await.err(),
             _ => None,
         };
         if let Some(e) = refuse {
@@ -420,14 +576,31 @@ impl<S: ObjectStore> Volume<S> {
             return Err(e);
         }
         let info = self.info(&attr, None);
-        Ok((
-            WinHandle {
+        Ok(Opened {
+            handle: WinHandle {
                 ino: attr.ino,
                 kind: attr.kind,
                 io: tokio::sync::Mutex::new(HandleIo::default()),
             },
             info,
-        ))
+            name: canonical,
+        })
+    }
+
+    /// Whether directory `dir` may be deleted: not the root, and nothing in it now.
+    async fn refuse_delete(&self, dir: Ino) -> FsResult<()> {
+        if self.is_read_only() {
+            return Err(FsError::ReadOnly);
+        }
+        if dir == ROOT_INO {
+            return Err(FsError::PermissionDenied(
+                "the root cannot be deleted".into(),
+            ));
+        }
+        if !self.listing(dir, Age::Now).await?.entries.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        Ok(())
     }
 
     /// Creates a new file or directory. A name that exists in any case is a collision.
@@ -436,13 +609,23 @@ impl<S: ObjectStore> Volume<S> {
         win_path: &str,
         opts: OpenOptions,
         allocation_size: u64,
-    ) -> FsResult<(WinHandle, WinInfo)> {
-        let (parent, win_name) = self.resolve_parent(win_path).await?;
+    ) -> FsResult<Opened> {
+        let (parent, parent_name, win_name) = self.resolve_parent(win_path).await?;
         let result = self
             .create_in(&parent, win_name, opts, allocation_size)
             .await;
         self.fs.forget(parent.ino, 1);
-        result
+        let (handle, info, shown) = result?;
+        let sep = if parent_name.ends_with('\\') {
+            ""
+        } else {
+            "\\"
+        };
+        Ok(Opened {
+            handle,
+            info,
+            name: format!("{parent_name}{sep}{shown}"),
+        })
     }
 
     async fn create_in(
@@ -451,9 +634,9 @@ impl<S: ObjectStore> Volume<S> {
         win_name: &str,
         opts: OpenOptions,
         allocation_size: u64,
-    ) -> FsResult<(WinHandle, WinInfo)> {
+    ) -> FsResult<(WinHandle, WinInfo, String)> {
         match self.child(parent.ino, win_name).await {
-            Ok(existing) => {
+            Ok((existing, _)) => {
                 self.fs.forget(existing.ino, 1);
                 return Err(FsError::Exists);
             }
@@ -462,34 +645,32 @@ impl<S: ObjectStore> Volume<S> {
         }
         let name = from_windows(win_name);
         let parent_path = self.object_path(parent.ino)?;
-        self.forget_listing(&parent_path);
+        let shown = to_windows(&name);
         if opts.directory {
             let attr = self.fs.mkdir(parent.ino, &name).await?;
+            self.listed(&parent_path, &name, &attr);
             let info = self.info(&attr, None);
-            return Ok((
-                WinHandle {
-                    ino: attr.ino,
-                    kind: Kind::Dir,
-                    io: tokio::sync::Mutex::new(HandleIo::default()),
-                },
-                info,
-            ));
+            let handle = WinHandle {
+                ino: attr.ino,
+                kind: Kind::Dir,
+                io: tokio::sync::Mutex::new(HandleIo::default()),
+            };
+            return Ok((handle, info, shown));
         }
         let (attr, opened) = self.fs.create(parent.ino, &name).await?;
+        self.listed(&parent_path, &name, &attr);
         let allocation = (allocation_size > 0).then_some(allocation_size);
         let info = self.info(&attr, allocation);
-        Ok((
-            WinHandle {
-                ino: attr.ino,
-                kind: Kind::File,
-                io: tokio::sync::Mutex::new(HandleIo {
-                    writer: Some(opened.fh),
-                    allocation,
-                    ..HandleIo::default()
-                }),
-            },
-            info,
-        ))
+        let handle = WinHandle {
+            ino: attr.ino,
+            kind: Kind::File,
+            io: tokio::sync::Mutex::new(HandleIo {
+                writer: Some(opened.fh),
+                allocation,
+                ..HandleIo::default()
+            }),
+        };
+        Ok((handle, info, shown))
     }
 
     /// Overwrite or supersede of an open file: it becomes empty (the program writes it anew).
@@ -634,11 +815,14 @@ impl<S: ObjectStore> Volume<S> {
         Ok(self.info(&attr, io.allocation))
     }
 
-    /// `FlushFileBuffers`: returns once the file's data is in the bucket, like `fsync`.
+    /// `FlushFileBuffers`: the file's data becomes durable on the local disk and its upload is
+    /// scheduled, as `close()` does on Linux. It does not wait for the bucket: Office flushes
+    /// on every save, and a save must neither stall on the network nor fail while the network
+    /// is down, since the staged bytes are already safe.
     pub async fn flush(&self, h: &WinHandle) -> FsResult<WinInfo> {
         let io = h.io.lock().await;
         if let Some(fh) = io.writer {
-            self.fs.fsync(fh).await?;
+            self.fs.flush(fh).await?;
         }
         let attr = self.fs.getattr(h.ino).await?;
         Ok(self.info(&attr, io.allocation))
@@ -654,21 +838,15 @@ impl<S: ObjectStore> Volume<S> {
             return Err(FsError::ReadOnly);
         }
         if h.is_dir() {
-            if h.ino == ROOT_INO {
-                return Err(FsError::PermissionDenied(
-                    "the root cannot be deleted".into(),
-                ));
-            }
-            self.forget_listing(&self.object_path(h.ino)?);
-            if !self.listing(h.ino).await?.entries.is_empty() {
-                return Err(FsError::NotEmpty);
-            }
+            self.refuse_delete(h.ino).await?;
         }
         Ok(())
     }
 
     /// The last user handle was closed. Written data becomes durable and its upload is
     /// scheduled; with `delete` (the file was marked for deletion) it is deleted instead.
+    /// A directory is deleted only if it is empty now: a delete-on-close handle reaches here
+    /// without [`Self::set_delete`]'s check, and things may have appeared in it since.
     pub async fn cleanup(&self, h: &WinHandle, delete: bool) -> FsResult<()> {
         let mut io = h.io.lock().await;
         if !delete {
@@ -676,6 +854,9 @@ impl<S: ObjectStore> Volume<S> {
                 return self.fs.flush(fh).await;
             }
             return Ok(());
+        }
+        if h.is_dir() {
+            self.refuse_delete(h.ino).await?;
         }
         // Deleted data need not be saved: drop the handles first, then the name.
         for fh in [io.writer.take(), io.reader.take()].into_iter().flatten() {
@@ -690,8 +871,13 @@ impl<S: ObjectStore> Volume<S> {
             self.fs.unlink(parent, name).await
         };
         self.fs.forget(parent, 1);
-        self.forget_listing(dir);
-        self.forget_listing(&path);
+        match &result {
+            Ok(()) | Err(FsError::NotFound) => self.unlisted(dir, name),
+            Err(_) => self.forget_listing(dir),
+        }
+        if h.is_dir() {
+            self.forget_listings_under(&path);
+        }
         match result {
             Err(FsError::NotFound) => Ok(()),
             other => other,
@@ -719,7 +905,7 @@ impl<S: ObjectStore> Volume<S> {
     /// is a rename.
     pub async fn rename(&self, h: &WinHandle, new_win_path: &str, replace: bool) -> FsResult<()> {
         let from = self.object_path(h.ino)?;
-        let (parent, win_name) = self.resolve_parent(new_win_path).await?;
+        let (parent, _, win_name) = self.resolve_parent(new_win_path).await?;
         let result = self.rename_into(h, &from, &parent, win_name, replace).await;
         self.fs.forget(parent.ino, 1);
         result
@@ -735,7 +921,7 @@ impl<S: ObjectStore> Volume<S> {
     ) -> FsResult<()> {
         let mut to_name = from_windows(win_name);
         match self.child(parent.ino, win_name).await {
-            Ok(existing) => {
+            Ok((existing, _)) => {
                 let existing_path = self.object_path(existing.ino);
                 self.fs.forget(existing.ino, 1);
                 let existing_path = existing_path?;
@@ -765,72 +951,65 @@ impl<S: ObjectStore> Volume<S> {
             .rename(from_parent, from_name, parent.ino, &to_name)
             .await;
         self.fs.forget(from_parent, 1);
-        self.forget_listing(from_dir);
-        self.forget_listing(&to_dir);
-        self.forget_listing(from);
+        match &result {
+            Ok(()) => {
+                self.unlisted(from_dir, from_name);
+                match self.fs.getattr(h.ino).await {
+                    Ok(attr) => self.listed(&to_dir, &to_name, &attr),
+                    Err(_) => self.forget_listing(&to_dir),
+                }
+            }
+            Err(_) => {
+                // Part of a folder's move may have happened: list both again.
+                self.forget_listing(from_dir);
+                self.forget_listing(&to_dir);
+            }
+        }
+        if h.is_dir() {
+            self.forget_listings_under(from);
+        }
         result
     }
 
-    /// Directory entries for an enumeration, in Windows order, after `marker` (the last name
-    /// returned before) and matching `pattern`. `.` and `..` come first, except at the root.
-    pub async fn read_directory(
-        &self,
-        h: &WinHandle,
-        pattern: Option<&str>,
-        marker: Option<&str>,
-    ) -> FsResult<Vec<WinEntry>> {
+    /// One page of an enumeration: at most [`DIR_PAGE`] entries in Windows order after
+    /// `marker` (the last name returned before). `.` and `..` come first, except at the
+    /// root. A call without a marker starts a new enumeration, which lists the directory
+    /// afresh; the pages after it come from that listing, with this volume's own changes since.
+    /// Every entry is returned: WinFsp matches the caller's pattern itself.
+    pub async fn read_directory(&self, h: &WinHandle, marker: Option<&str>) -> FsResult<DirPage> {
         if !h.is_dir() {
             return Err(FsError::NotDir);
         }
-        let mut io = h.io.lock().await;
-        let listing = match (&io.listing, marker) {
-            (Some(l), Some(_)) => l.clone(),
-            _ => {
-                // A new enumeration sees the directory as it is now.
-                self.forget_listing(&self.object_path(h.ino)?);
-                let l = self.listing(h.ino).await?;
-                io.listing = Some(l.clone());
-                l
-            }
-        };
-        drop(io);
-        let wanted = |name: &str| pattern.is_none_or(|p| matches_pattern(p, name));
-        let mut out = Vec::new();
-        if h.ino != ROOT_INO {
+        let age = if marker.is_none() { Age::Now } else { Age::Any };
+        let listing = self.listing(h.ino, age).await?;
+        let mut entries = Vec::new();
+        if h.ino != ROOT_INO && matches!(marker, None | Some(".")) {
             let me = self.fs.getattr(h.ino).await?;
-            let dots = [(".", self.info(&me, None)), ("..", self.info(&me, None))];
-            for (name, info) in dots {
-                let after_marker = match marker {
-                    None => true,
-                    Some(".") => name == "..",
-                    Some(_) => false,
-                };
-                if after_marker && wanted(name) {
-                    out.push(WinEntry {
-                        name: name.to_string(),
-                        info,
-                    });
-                }
-            }
-        }
-        let start = match marker {
-            None | Some(".") | Some("..") => 0,
-            Some(m) => {
-                let key = (fold(m), m.to_string());
-                listing
-                    .entries
-                    .partition_point(|(w, _, _)| (fold(w), w.clone()) <= key)
-            }
-        };
-        for (win, _, attr) in &listing.entries[start..] {
-            if wanted(win) {
-                out.push(WinEntry {
-                    name: win.clone(),
-                    info: self.info(attr, None),
+            let info = self.info(&me, None);
+            if marker.is_none() {
+                entries.push(WinEntry {
+                    name: ".".to_string(),
+                    info,
                 });
             }
+            entries.push(WinEntry {
+                name: "..".to_string(),
+                info,
+            });
         }
-        Ok(out)
+        let after = match marker {
+            None | Some(".") | Some("..") => Bound::Unbounded,
+            Some(m) => Bound::Excluded(fold(m)),
+        };
+        let mut rest = listing.entries.range((after, Bound::Unbounded));
+        for (_, n) in rest.by_ref().take(DIR_PAGE.saturating_sub(entries.len())) {
+            entries.push(WinEntry {
+                name: n.win.clone(),
+                info: self.info(&n.attr, None),
+            });
+        }
+        let end = rest.next().is_none();
+        Ok(DirPage { entries, end })
     }
 
     /// One entry of directory `h` by Windows name (WinFsp's get_dir_info_by_name).
@@ -838,17 +1017,8 @@ impl<S: ObjectStore> Volume<S> {
         if !h.is_dir() {
             return Err(FsError::NotDir);
         }
-        let attr = self.child(h.ino, win_name).await?;
-        let path = self.object_path(attr.ino).ok();
+        let (attr, name) = self.child(h.ino, win_name).await?;
         self.fs.forget(attr.ino, 1);
-        let object = path.as_deref().map(|p| Self::split(p).1.to_string());
-        let listing = self.listing(h.ino).await?;
-        let name = listing
-            .entries
-            .iter()
-            .find(|(_, o, _)| Some(o) == object.as_ref())
-            .map(|(w, _, _)| w.clone())
-            .unwrap_or_else(|| win_name.to_string());
         Ok(WinEntry {
             name,
             info: self.info(&attr, None),

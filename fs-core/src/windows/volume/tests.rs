@@ -15,14 +15,17 @@ use crate::write::writeback::WriteConfig;
 const FILE: OpenOptions = OpenOptions {
     directory: false,
     non_directory: true,
+    delete_on_close: false,
 };
 const DIR: OpenOptions = OpenOptions {
     directory: true,
     non_directory: false,
+    delete_on_close: false,
 };
 const ANY: OpenOptions = OpenOptions {
     directory: false,
     non_directory: false,
+    delete_on_close: false,
 };
 
 struct Fixture {
@@ -61,7 +64,9 @@ impl Fixture {
 
     /// Everything a program reads through a fresh handle.
     async fn read_all(&self, path: &str) -> Vec<u8> {
-        let (h, info) = self.vol.open(path, FILE).await.unwrap();
+        let Opened {
+            handle: h, info, ..
+        } = self.vol.open(path, FILE).await.unwrap();
         let mut out = Vec::new();
         loop {
             match self.vol.read(&h, out.len() as u64, 1 << 20).await {
@@ -77,19 +82,20 @@ impl Fixture {
 
     /// Creates `path` with `data` the way `CopyFile` does: create, write, cleanup, close.
     async fn write_new(&self, path: &str, data: &[u8]) {
-        let (h, _) = self.vol.create(path, FILE, 0).await.unwrap();
+        let Opened { handle: h, .. } = self.vol.create(path, FILE, 0).await.unwrap();
         self.vol.write(&h, 0, data, false, false).await.unwrap();
         self.vol.cleanup(&h, false).await.unwrap();
         self.vol.close(h).await;
     }
 
     async fn names(&self, dir: &str) -> Vec<String> {
-        let (h, _) = self.vol.open(dir, DIR).await.unwrap();
+        let Opened { handle: h, .. } = self.vol.open(dir, DIR).await.unwrap();
         let names = self
             .vol
-            .read_directory(&h, None, None)
+            .read_directory(&h, None)
             .await
             .unwrap()
+            .entries
             .into_iter()
             .map(|e| e.name)
             .collect();
@@ -106,19 +112,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-#[test]
-fn wildcards_match_like_windows() {
-    assert!(matches_pattern("*", "anything.txt"));
-    assert!(matches_pattern("*.TXT", "notes.txt"));
-    assert!(matches_pattern("n?tes.*", "Notes.md"));
-    assert!(!matches_pattern("*.txt", "notes.md"));
-    assert!(matches_pattern("a*b*c", "aXXbYYc"));
-    assert!(!matches_pattern("a*b*c", "aXXbYY"));
-    assert!(matches_pattern("<.doc", "report.doc"), "DOS star");
-    assert!(matches_pattern("report\"*", "report.doc"), "DOS dot");
-    assert!(matches_pattern("desktop.ini", "DESKTOP.INI"));
 }
 
 #[tokio::test]
@@ -169,7 +162,7 @@ async fn lookups_ignore_case_and_names_keep_theirs() {
     f.settle().await;
     assert_eq!(f.object("Docs/MiXeD.txt").as_deref(), Some(&b"m"[..]));
     let entry = {
-        let (h, _) = f.vol.open(r"\docs", DIR).await.unwrap();
+        let Opened { handle: h, .. } = f.vol.open(r"\docs", DIR).await.unwrap();
         let e = f.vol.dir_info_by_name(&h, "mixed.TXT").await.unwrap();
         f.vol.close(h).await;
         e
@@ -239,7 +232,7 @@ async fn delete_on_close_through_set_delete_and_cleanup() {
     f.store.insert("old.txt", "old");
     f.store.insert("full/x", "x");
     // An existing file: marked, then deleted at cleanup.
-    let (h, _) = f.vol.open(r"\OLD.txt", FILE).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\OLD.txt", FILE).await.unwrap();
     f.vol.set_delete(&h, true).await.unwrap();
     assert!(
         f.object("old.txt").is_some(),
@@ -254,7 +247,7 @@ async fn delete_on_close_through_set_delete_and_cleanup() {
     ));
 
     // A new temporary file deleted on close never reaches the bucket.
-    let (h, _) = f.vol.create(r"\~tmp", FILE, 0).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.create(r"\~tmp", FILE, 0).await.unwrap();
     f.vol.write(&h, 0, b"scratch", false, false).await.unwrap();
     f.vol.set_delete(&h, true).await.unwrap();
     f.vol.cleanup(&h, true).await.unwrap();
@@ -263,20 +256,20 @@ async fn delete_on_close_through_set_delete_and_cleanup() {
     assert!(f.object("~tmp").is_none());
 
     // A directory with something in it refuses; an empty one goes.
-    let (h, _) = f.vol.open(r"\full", DIR).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\full", DIR).await.unwrap();
     assert!(matches!(
         f.vol.set_delete(&h, true).await,
         Err(FsError::NotEmpty)
     ));
     f.vol.close(h).await;
-    let (h, _) = f.vol.create(r"\empty", DIR, 0).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.create(r"\empty", DIR, 0).await.unwrap();
     f.vol.set_delete(&h, true).await.unwrap();
     f.vol.cleanup(&h, true).await.unwrap();
     f.vol.close(h).await;
     assert!(f.object("empty/").is_none());
     assert!(!f.names(r"\").await.contains(&"empty".to_string()));
     // A cleanup without the flag deletes nothing (another handle cleared it).
-    let (h, _) = f.vol.open(r"\full\x", FILE).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\full\x", FILE).await.unwrap();
     f.vol.set_delete(&h, true).await.unwrap();
     f.vol.set_delete(&h, false).await.unwrap();
     f.vol.cleanup(&h, false).await.unwrap();
@@ -291,7 +284,7 @@ async fn rename_with_and_without_replace() {
     f.store.insert("b.txt", "B");
     f.store.insert("dir/x", "x");
 
-    let (h, _) = f.vol.open(r"\a.txt", FILE).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\a.txt", FILE).await.unwrap();
     assert!(matches!(
         f.vol.rename(&h, r"\B.TXT", false).await,
         Err(FsError::Exists)
@@ -301,7 +294,7 @@ async fn rename_with_and_without_replace() {
         Err(FsError::PermissionDenied(_))
     ));
     // The target is open for reading while it is replaced.
-    let (target, _) = f.vol.open(r"\b.txt", FILE).await.unwrap();
+    let Opened { handle: target, .. } = f.vol.open(r"\b.txt", FILE).await.unwrap();
     assert_eq!(&f.vol.read(&target, 0, 10).await.unwrap()[..], b"B");
     f.vol.rename(&h, r"\B.TXT", true).await.unwrap();
     f.vol.cleanup(&h, false).await.unwrap();
@@ -318,17 +311,17 @@ async fn rename_with_and_without_replace() {
     assert!(f.object("B.TXT").is_none());
 
     // Only the case changes.
-    let (h, _) = f.vol.open(r"\b.txt", FILE).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\b.txt", FILE).await.unwrap();
     f.vol.rename(&h, r"\Bee.txt", false).await.unwrap();
     f.vol.close(h).await;
-    let (h, _) = f.vol.open(r"\bee.txt", FILE).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\bee.txt", FILE).await.unwrap();
     f.vol.rename(&h, r"\BEE.txt", false).await.unwrap();
     f.vol.close(h).await;
     assert_eq!(f.object("BEE.txt").as_deref(), Some(&b"A"[..]));
     assert!(f.object("Bee.txt").is_none());
 
     // The source is open with unsaved writes: the data follows the new name.
-    let (h, _) = f.vol.create(r"\draft", FILE, 0).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.create(r"\draft", FILE, 0).await.unwrap();
     f.vol.write(&h, 0, b"draft", false, false).await.unwrap();
     f.vol.rename(&h, r"\dir\final", false).await.unwrap();
     f.vol.write(&h, 5, b"+more", false, false).await.unwrap();
@@ -339,7 +332,7 @@ async fn rename_with_and_without_replace() {
     assert_eq!(f.object("dir/final").as_deref(), Some(&b"draft+more"[..]));
 
     // A directory moves with what is in it.
-    let (h, _) = f.vol.open(r"\DIR", DIR).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\DIR", DIR).await.unwrap();
     f.vol.rename(&h, r"\moved", false).await.unwrap();
     f.vol.close(h).await;
     assert_eq!(f.read_all(r"\moved\x").await, b"x");
@@ -350,7 +343,9 @@ async fn rename_with_and_without_replace() {
 async fn overwrite_and_supersede_start_the_file_empty() {
     let f = fixture(1 << 20);
     f.store.insert("f.bin", pattern(5000, 1));
-    let (h, info) = f.vol.open(r"\f.bin", FILE).await.unwrap();
+    let Opened {
+        handle: h, info, ..
+    } = f.vol.open(r"\f.bin", FILE).await.unwrap();
     assert_eq!(info.file_size, 5000);
     let info = f.vol.overwrite(&h, 0).await.unwrap();
     assert_eq!(info.file_size, 0);
@@ -365,7 +360,7 @@ async fn overwrite_and_supersede_start_the_file_empty() {
     assert_eq!(f.object("f.bin").as_deref(), Some(&b"new"[..]));
     // A directory cannot be overwritten.
     f.store.insert("d/", "");
-    let (h, _) = f.vol.open(r"\d", ANY).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\d", ANY).await.unwrap();
     assert!(matches!(f.vol.overwrite(&h, 0).await, Err(FsError::IsDir)));
     f.vol.close(h).await;
 }
@@ -374,7 +369,7 @@ async fn overwrite_and_supersede_start_the_file_empty() {
 async fn file_size_and_allocation_before_out_of_order_writes() {
     let f = fixture(1 << 20);
     let data = pattern(300_000, 7);
-    let (h, _) = f.vol.create(r"\big.bin", FILE, 0).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.create(r"\big.bin", FILE, 0).await.unwrap();
     let info = f.vol.set_file_size(&h, 1 << 20, true).await.unwrap();
     assert_eq!((info.file_size, info.allocation_size), (0, 1 << 20));
     let info = f
@@ -416,21 +411,230 @@ async fn file_size_and_allocation_before_out_of_order_writes() {
     assert_eq!(f.object("big.bin"), Some(data));
 }
 
+/// Office flushes on every save. The flush makes the bytes durable on the local disk and
+/// returns, even with the network down; the upload follows when it is back.
 #[tokio::test]
-async fn flush_puts_the_data_in_the_bucket_before_close() {
+async fn flush_is_local_durability_and_does_not_wait_for_the_bucket() {
     let f = fixture(1 << 20);
-    let (h, _) = f.vol.create(r"\log.txt", FILE, 0).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.create(r"\log.txt", FILE, 0).await.unwrap();
+    f.store.set_offline(true);
     f.vol.write(&h, 0, b"line 1\n", false, false).await.unwrap();
-    f.vol.flush(&h).await.unwrap();
-    assert_eq!(f.object("log.txt").as_deref(), Some(&b"line 1\n"[..]));
+    tokio::time::timeout(Duration::from_secs(5), f.vol.flush(&h))
+        .await
+        .expect("a flush does not wait for the bucket")
+        .expect("a flush succeeds while the bucket is unreachable");
     f.vol.write(&h, 7, b"line 2\n", false, false).await.unwrap();
     f.vol.flush(&h).await.unwrap();
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    assert!(f.object("log.txt").is_none());
+    f.store.set_offline(false);
+    f.settle().await;
     assert_eq!(
         f.object("log.txt").as_deref(),
         Some(&b"line 1\nline 2\n"[..])
     );
-    f.vol.cleanup(&h, false).await.unwrap();
-    f.vol.close(h).await;
+}
+
+/// Explorer copying files into a folder: each create looks its name up (a miss) and creates
+/// it. The folder's kept listing is edited in place, so listing costs do not grow with the
+/// folder: the names listed for the second hundred files are no more than for the first.
+#[tokio::test]
+async fn creating_many_files_in_a_folder_does_not_list_it_again_and_again() {
+    let f = fixture(1 << 20);
+    f.store.insert("dst/existing.txt", "x");
+    let listed = || f.store.counts.listed.load(Ordering::SeqCst);
+    let lists = || f.store.counts.list.load(Ordering::SeqCst);
+    let heads = || f.store.counts.head.load(Ordering::SeqCst);
+    let mut cost = Vec::new();
+    for batch in 0..2 {
+        let (names0, lists0, heads0) = (listed(), lists(), heads());
+        for i in 0..100 {
+            let path = format!(r"\Dst\File {}.txt", batch * 100 + i);
+            let Opened { handle: h, .. } = f.vol.create(&path, FILE, 0).await.unwrap();
+            f.vol
+                .write(&h, 0, path.as_bytes(), false, false)
+                .await
+                .unwrap();
+            // Explorer reads the new entry back by name.
+            let Opened { handle: dir, .. } = f.vol.open(r"\dst", DIR).await.unwrap();
+            let e = f
+                .vol
+                .dir_info_by_name(&dir, &path[5..].to_uppercase())
+                .await
+                .unwrap();
+            assert_eq!(e.name, path[5..]);
+            f.vol.close(dir).await;
+            f.vol.cleanup(&h, false).await.unwrap();
+            f.vol.close(h).await;
+        }
+        cost.push((listed() - names0, lists() - lists0, heads() - heads0));
+    }
+    let (first, second) = (cost[0], cost[1]);
+    assert!(
+        second.0 <= first.0 + 2,
+        "names listed grew with the folder: {first:?} then {second:?}"
+    );
+    assert!(
+        second.1 <= 100,
+        "more than one LIST request per created file: {second:?}"
+    );
+    // WinFsp holds its volume-wide lock through each create: with the folder listed once,
+    // creating a name asks the bucket nothing (the uploads come later, outside the lock).
+    assert_eq!(
+        (second.1, second.2),
+        (0, 0),
+        "lookups of new names went to the bucket: {second:?}"
+    );
+    // Nothing was lost from the view: a new enumeration shows all 201 names, and `.`, `..`.
+    assert_eq!(f.names(r"\dst").await.len(), 203);
+    f.settle().await;
+    assert_eq!(
+        f.object("dst/File 150.txt").as_deref(),
+        Some(&br"\Dst\File 150.txt"[..])
+    );
+}
+
+/// WinFsp keeps the name open and create return as the file's name; a case-insensitive volume
+/// that returns none keeps the caller's spelling, upper-cased.
+#[tokio::test]
+async fn open_and_create_return_the_name_as_the_folder_shows_it() {
+    let f = fixture(1 << 20);
+    f.store.insert("Docs/Budget.xlsx", "b");
+    f.store.insert("Docs/a:b.txt", "m");
+    let o = f.vol.open(r"\DOCS\BUDGET.XLSX", FILE).await.unwrap();
+    assert_eq!(o.name, r"\Docs\Budget.xlsx");
+    f.vol.close(o.handle).await;
+    let o = f.vol.open(r"\docs", DIR).await.unwrap();
+    assert_eq!(o.name, r"\Docs");
+    f.vol.close(o.handle).await;
+    let o = f.vol.open(r"\", DIR).await.unwrap();
+    assert_eq!(o.name, r"\");
+    f.vol.close(o.handle).await;
+    let o = f.vol.open("\\docs\\A\u{FF1A}B.TXT", FILE).await.unwrap();
+    assert_eq!(
+        o.name, "\\Docs\\a\u{FF1A}b.txt",
+        "the mapped name, in its own case"
+    );
+    f.vol.close(o.handle).await;
+    // A new file keeps the case it is created with, under the folder's real name.
+    let o = f
+        .vol
+        .create(r"\DOCS\New Sheet.xlsx", FILE, 0)
+        .await
+        .unwrap();
+    assert_eq!(o.name, r"\Docs\New Sheet.xlsx");
+    f.vol.cleanup(&o.handle, false).await.unwrap();
+    f.vol.close(o.handle).await;
+    let o = f.vol.create(r"\NewDir", DIR, 0).await.unwrap();
+    assert_eq!(o.name, r"\NewDir");
+    f.vol.close(o.handle).await;
+    // Two objects that differ only by case: each opens under the name the listing shows.
+    f.store.insert("Docs/Report.txt", "R");
+    f.store.insert("Docs/report.txt", "r");
+    assert!(f
+        .names(r"\docs")
+        .await
+        .contains(&"report (case 2).txt".to_string()));
+    let o = f
+        .vol
+        .open(r"\docs\REPORT (CASE 2).TXT", FILE)
+        .await
+        .unwrap();
+    assert_eq!(o.name, r"\Docs\report (case 2).txt");
+    f.vol.close(o.handle).await;
+    let o = f.vol.open(r"\docs\report.txt", FILE).await.unwrap();
+    assert_eq!(
+        o.name, r"\Docs\report (case 2).txt",
+        "the exact object, as listed"
+    );
+    f.vol.close(o.handle).await;
+    // The case-only rename WinFsp would have skipped: the open name was the old case.
+    let o = f.vol.open(r"\DOCS\BUDGET.XLSX", FILE).await.unwrap();
+    f.vol
+        .rename(&o.handle, r"\Docs\BUDGET.XLSX", false)
+        .await
+        .unwrap();
+    f.vol.close(o.handle).await;
+    let o = f.vol.open(r"\docs\budget.xlsx", FILE).await.unwrap();
+    assert_eq!(o.name, r"\Docs\BUDGET.XLSX");
+    f.vol.close(o.handle).await;
+    f.settle().await;
+    assert_eq!(f.object("Docs/BUDGET.XLSX").as_deref(), Some(&b"b"[..]));
+    assert!(f.object("Docs/Budget.xlsx").is_none());
+}
+
+/// A folder opened with `FILE_DELETE_ON_CLOSE`: WinFsp marks it for deletion at cleanup without
+/// asking first. One with something in it is refused at open, as FAT and NTFS refuse it, and
+/// if something appears in an empty one before cleanup, cleanup leaves it.
+#[tokio::test]
+async fn delete_on_close_of_a_folder_that_is_not_empty() {
+    let f = fixture(1 << 20);
+    f.store.insert("full/x", "x");
+    let doc = OpenOptions {
+        delete_on_close: true,
+        ..DIR
+    };
+    assert!(matches!(
+        f.vol.open(r"\FULL", doc).await,
+        Err(FsError::NotEmpty)
+    ));
+    // Cleanup with the delete flag (no set_delete before it) keeps a folder that has children.
+    let o = f.vol.open(r"\full", DIR).await.unwrap();
+    assert!(matches!(
+        f.vol.cleanup(&o.handle, true).await,
+        Err(FsError::NotEmpty)
+    ));
+    f.vol.close(o.handle).await;
+    assert_eq!(f.object("full/x").as_deref(), Some(&b"x"[..]));
+    assert_eq!(f.names(r"\").await, vec!["full"]);
+    // An empty folder opened delete-on-close goes at cleanup; one that got a file does not.
+    let o = f.vol.create(r"\gone", DIR, 0).await.unwrap();
+    f.vol.close(o.handle).await;
+    let o = f.vol.open(r"\gone", doc).await.unwrap();
+    f.vol.cleanup(&o.handle, true).await.unwrap();
+    f.vol.close(o.handle).await;
+    let o = f.vol.create(r"\kept", DIR, 0).await.unwrap();
+    f.vol.close(o.handle).await;
+    let o = f.vol.open(r"\kept", doc).await.unwrap();
+    f.write_new(r"\kept\late.txt", b"late").await;
+    assert!(matches!(
+        f.vol.cleanup(&o.handle, true).await,
+        Err(FsError::NotEmpty)
+    ));
+    f.vol.close(o.handle).await;
+    let mut names = f.names(r"\").await;
+    names.sort();
+    assert_eq!(names, vec!["full", "kept"]);
+    f.settle().await;
+    assert_eq!(f.object("kept/late.txt").as_deref(), Some(&b"late"[..]));
+}
+
+/// One folding everywhere: the lookup and the uniqueness of names agree, with Windows' upcase
+/// (one unit to one unit), so `straße.txt` and `STRASSE.txt` are two files, as on NTFS.
+#[tokio::test]
+async fn case_folding_is_the_same_for_lookups_and_for_uniqueness() {
+    let f = fixture(1 << 20);
+    f.store.insert("straße.txt", "sz");
+    f.store.insert("STRASSE.txt", "ss");
+    f.store.insert("ΟΔΟΣ", "greek");
+    let mut names = f.names(r"\").await;
+    names.sort();
+    assert_eq!(
+        names,
+        vec!["STRASSE.txt", "straße.txt", "ΟΔΟΣ"],
+        "no suffix: no collision"
+    );
+    assert_eq!(f.read_all(r"\STRAßE.TXT").await, b"sz");
+    assert_eq!(f.read_all(r"\strasse.txt").await, b"ss");
+    // Creating the other spelling of an existing name is a collision in both.
+    assert!(matches!(
+        f.vol.create(r"\Straße.TXT", FILE, 0).await,
+        Err(FsError::Exists)
+    ));
+    // Greek final sigma folds like sigma.
+    assert_eq!(f.read_all(r"\οδος").await, b"greek");
+    assert_eq!(f.read_all(r"\οδοσ").await, b"greek");
 }
 
 #[tokio::test]
@@ -438,7 +642,7 @@ async fn set_basic_info_stores_the_last_write_time_as_mtime() {
     let f = fixture(1 << 20);
     f.store.insert("photo.jpg", "jpeg");
     let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
-    let (h, _) = f.vol.open(r"\photo.jpg", FILE).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.open(r"\photo.jpg", FILE).await.unwrap();
     let writes = f.store.counts.write.load(Ordering::SeqCst);
     let info = f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
     assert_eq!(info.last_write_time, to_filetime(t));
@@ -461,40 +665,66 @@ async fn set_basic_info_stores_the_last_write_time_as_mtime() {
     );
 }
 
+/// Every name of a directory through the adapter's loop: pages after the last name until the
+/// end, as WinFsp asks when the caller's buffer has room.
+async fn enumerate(vol: &Volume<MemoryStore>, h: &WinHandle) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    loop {
+        let page = vol
+            .read_directory(h, names.last().map(String::as_str))
+            .await
+            .unwrap();
+        assert!(page.entries.len() <= DIR_PAGE, "a page is bounded");
+        names.extend(page.entries.into_iter().map(|e| e.name));
+        if page.end {
+            return names;
+        }
+    }
+}
+
 #[tokio::test]
-async fn enumeration_pages_with_a_marker_and_filters_by_pattern() {
+async fn enumeration_pages_with_a_marker_and_returns_every_name() {
     let f = fixture(1 << 20);
-    for n in ["b.txt", "A.md", "c.txt", "D.txt"] {
+    // Names a pre-filter of our own got wrong: WinFsp matches `*.TXT`, `>`, `<` and `"` with
+    // Windows' rules, so the volume returns everything.
+    for n in ["b.txt", "A.md", "c.txt", "D.txt", "noext", "a.b.c", "ß.txt"] {
         f.store.insert(&format!("d/{n}"), "x");
     }
-    let (h, _) = f.vol.open(r"\d", DIR).await.unwrap();
-    let all: Vec<_> = f
-        .vol
-        .read_directory(&h, None, None)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert_eq!(all, vec![".", "..", "A.md", "b.txt", "c.txt", "D.txt"]);
-    let after: Vec<_> = f
-        .vol
-        .read_directory(&h, None, Some("b.txt"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert_eq!(after, vec!["c.txt", "D.txt"]);
-    let txt: Vec<_> = f
-        .vol
-        .read_directory(&h, Some("*.TXT"), None)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert_eq!(txt, vec!["b.txt", "c.txt", "D.txt"]);
+    let Opened { handle: h, .. } = f.vol.open(r"\d", DIR).await.unwrap();
+    let all = enumerate(&f.vol, &h).await;
+    assert_eq!(
+        all,
+        vec![".", "..", "a.b.c", "A.md", "b.txt", "c.txt", "D.txt", "noext", "ß.txt"]
+    );
+    let after = f.vol.read_directory(&h, Some("b.txt")).await.unwrap();
+    let after: Vec<_> = after.entries.into_iter().map(|e| e.name).collect();
+    assert_eq!(after, vec!["c.txt", "D.txt", "noext", "ß.txt"]);
+    // A marker in another case, or one that is no longer there, still finds its place.
+    let after = f.vol.read_directory(&h, Some("C.TXT")).await.unwrap();
+    assert_eq!(after.entries[0].name, "D.txt");
+    let after = f.vol.read_directory(&h, Some("bz")).await.unwrap();
+    assert_eq!(after.entries[0].name, "c.txt");
+    f.vol.close(h).await;
+}
+
+#[tokio::test]
+async fn a_big_folder_comes_in_bounded_pages_from_one_listing() {
+    let f = fixture(1 << 20);
+    let n = DIR_PAGE * 5 + 7;
+    for i in 0..n {
+        f.store.insert(&format!("big/f{i:05}"), "x");
+    }
+    let Opened { handle: h, .. } = f.vol.open(r"\big", DIR).await.unwrap();
+    let lists = f.store.counts.list.load(Ordering::SeqCst);
+    let names = enumerate(&f.vol, &h).await;
+    assert_eq!(names.len(), n + 2);
+    let want: Vec<String> = (0..n).map(|i| format!("f{i:05}")).collect();
+    assert_eq!(&names[2..], &want[..]);
+    assert_eq!(
+        f.store.counts.list.load(Ordering::SeqCst) - lists,
+        (n as u64).div_ceil(1000),
+        "one listing for the whole enumeration"
+    );
     f.vol.close(h).await;
 }
 
@@ -507,7 +737,7 @@ async fn scenario_explorer_copies_a_100_mib_file_in() {
     const CHUNK: usize = 1 << 20;
     let data = pattern(SIZE, 3);
     let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    let (h, _) = f.vol.create(r"\clip.mp4", FILE, SIZE as u64).await.unwrap();
+    let Opened { handle: h, .. } = f.vol.create(r"\clip.mp4", FILE, SIZE as u64).await.unwrap();
     f.vol.set_file_size(&h, SIZE as u64, true).await.unwrap();
     f.vol.set_file_size(&h, SIZE as u64, false).await.unwrap();
     // Overlapped I/O: two writes of one handle in flight at once, from both ends inwards.
@@ -543,7 +773,7 @@ async fn scenario_office_safe_save() {
     let f = fixture(1 << 20);
     f.store.insert("Docs/Budget.xlsx", "version 1");
     // Excel has the document open while it saves.
-    let (doc, _) = f.vol.open(r"\Docs\Budget.xlsx", FILE).await.unwrap();
+    let Opened { handle: doc, .. } = f.vol.open(r"\Docs\Budget.xlsx", FILE).await.unwrap();
     assert_eq!(&f.vol.read(&doc, 0, 100).await.unwrap()[..], b"version 1");
     // 1. The new content goes to a temporary file.
     f.write_new(r"\Docs\~$tmp1234.tmp", b"version 2, longer")
@@ -554,7 +784,7 @@ async fn scenario_office_safe_save() {
         .await
         .unwrap();
     // 3. The temporary becomes the original.
-    let (tmp, _) = f.vol.open(r"\Docs\~$tmp1234.tmp", FILE).await.unwrap();
+    let Opened { handle: tmp, .. } = f.vol.open(r"\Docs\~$tmp1234.tmp", FILE).await.unwrap();
     f.vol
         .rename(&tmp, r"\Docs\Budget.xlsx", true)
         .await
@@ -707,7 +937,7 @@ mod model {
                 let name = NAMES[*name];
                 let data = vec![*byte; *len as usize];
                 let got = async {
-                    let (h, _) = f.vol.create(&path(name), FILE, 0).await?;
+                    let Opened { handle: h, .. } = f.vol.create(&path(name), FILE, 0).await?;
                     f.vol.write(&h, 0, &data, false, false).await?;
                     f.vol.cleanup(&h, false).await?;
                     f.vol.close(h).await;
@@ -727,7 +957,7 @@ mod model {
                 let name = NAMES[*name];
                 let data = vec![*byte; *len as usize];
                 let got = async {
-                    let (h, _) = f.vol.open(&path(name), FILE).await?;
+                    let Opened { handle: h, .. } = f.vol.open(&path(name), FILE).await?;
                     let info = f.vol.overwrite(&h, 0).await?;
                     assert_eq!(info.file_size, 0);
                     f.vol.write(&h, 0, &data, false, false).await?;
@@ -754,7 +984,7 @@ mod model {
                 let name = NAMES[*name];
                 let data = vec![*byte; *len as usize];
                 let got = async {
-                    let (h, _) = f.vol.open(&path(name), FILE).await?;
+                    let Opened { handle: h, .. } = f.vol.open(&path(name), FILE).await?;
                     f.vol.write(&h, *offset as u64, &data, false, false).await?;
                     f.vol.cleanup(&h, false).await?;
                     f.vol.close(h).await;
@@ -777,7 +1007,7 @@ mod model {
             Op::Rename { from, to, replace } => {
                 let (from, to) = (NAMES[*from], NAMES[*to]);
                 let got = async {
-                    let (h, _) = f.vol.open(&path(from), FILE).await?;
+                    let Opened { handle: h, .. } = f.vol.open(&path(from), FILE).await?;
                     let r = f.vol.rename(&h, &path(to), *replace).await;
                     f.vol.close(h).await;
                     r
@@ -812,7 +1042,7 @@ mod model {
             Op::Delete { name } => {
                 let name = NAMES[*name];
                 let got = async {
-                    let (h, _) = f.vol.open(&path(name), FILE).await?;
+                    let Opened { handle: h, .. } = f.vol.open(&path(name), FILE).await?;
                     f.vol.set_delete(&h, true).await?;
                     f.vol.cleanup(&h, true).await?;
                     f.vol.close(h).await;
@@ -828,7 +1058,13 @@ mod model {
             Op::Read { name } => {
                 let name = NAMES[*name];
                 match m.get(&key(name)) {
-                    Some((_, bytes)) => assert_eq!(&f.read_all(&path(name)).await, bytes),
+                    Some((kept, bytes)) => {
+                        // Opened under any case, the file's name is the case it keeps.
+                        let o = f.vol.open(&path(name), FILE).await.unwrap();
+                        assert_eq!(o.name, path(kept), "{op:?}");
+                        f.vol.close(o.handle).await;
+                        assert_eq!(&f.read_all(&path(name)).await, bytes)
+                    }
                     None => assert!(matches!(
                         f.vol.open(&path(name), ANY).await,
                         Err(FsError::NotFound)
