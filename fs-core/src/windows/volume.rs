@@ -29,13 +29,12 @@
 //! - **Cleanup is close.** Windows' cleanup (the last user handle closed) is where written data
 //!   becomes durable and its upload is scheduled, and where a delete-pending file is deleted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
-use parking_lot::Mutex;
-
+use self::listing::{shown, utf16_len, Age, Edit, Kept, Listing};
 use super::names::{directory_names, fold, from_windows, to_windows};
 use super::{attributes, from_filetime, to_filetime};
 use crate::error::{FsError, FsResult};
@@ -142,109 +141,12 @@ impl WinHandle {
     }
 }
 
-/// One name in a [`Listing`].
-#[derive(Clone)]
-struct ListedName {
-    /// The name Windows sees.
-    win: String,
-    object: String,
-    attr: Attr,
-}
-
-/// A directory's entries under their Windows names, keyed by the folded Windows name, which
-/// is unique in a directory ([`directory_names`] makes it so) and sorts the way Windows
-/// enumerates: by the folded name.
-#[derive(Clone)]
-struct Listing {
-    entries: BTreeMap<String, ListedName>,
-    /// Object name → its key in `entries`.
-    by_object: HashMap<String, String>,
-    /// Some names got a ` (case N)` suffix. Which one does depends on the whole set, so an
-    /// edit of such a directory drops the listing instead of patching it (rare: only buckets
-    /// written by case-sensitive tools have such names).
-    suffixed: bool,
-    fetched: Instant,
-}
-
-impl Listing {
-    /// Adds `object` (new in the directory). False if the listing can no longer be kept
-    /// current by patching.
-    fn insert(&mut self, dir_units: usize, object: &str, attr: Attr) -> bool {
-        if self.suffixed {
-            return false;
-        }
-        self.remove(object);
-        let win = to_windows(object);
-        if !shown(dir_units, &win) {
-            return true;
-        }
-        let key = fold(&win);
-        if self.entries.contains_key(&key) {
-            // It would take a suffix: let the next listing decide which name gets it.
-            return false;
-        }
-        self.by_object.insert(object.to_string(), key.clone());
-        self.entries.insert(
-            key,
-            ListedName {
-                win,
-                object: object.to_string(),
-                attr,
-            },
-        );
-        true
-    }
-
-    /// Removes `object` if it is listed. False if the listing can no longer be kept current.
-    fn remove(&mut self, object: &str) -> bool {
-        if self.suffixed {
-            return false;
-        }
-        if let Some(key) = self.by_object.remove(object) {
-            self.entries.remove(&key);
-        }
-        true
-    }
-
-    /// The object shown under a Windows name, in any case.
-    fn object_of(&self, win_name: &str) -> Option<&ListedName> {
-        self.entries.get(&fold(win_name))
-    }
-
-    /// The name an object is shown under.
-    fn win_of(&self, object: &str) -> Option<&str> {
-        let key = self.by_object.get(object)?;
-        self.entries.get(key).map(|n| n.win.as_str())
-    }
-}
-
-fn utf16_len(s: &str) -> usize {
-    s.encode_utf16().count()
-}
-
-/// Whether a name fits Windows' limits in a directory whose path is `dir_units` long.
-fn shown(dir_units: usize, win: &str) -> bool {
-    let units = utf16_len(win);
-    units <= MAX_NAME_UNITS && dir_units + units <= MAX_PATH_UNITS
-}
-
 /// How long a directory's Windows path is, in UTF-16 units with a separator per component.
 fn dir_units(dir_path: &str) -> usize {
     dir_path
         .split('/')
         .map(|c| utf16_len(&to_windows(c)) + 1)
         .sum()
-}
-
-/// How fresh a listing must be to answer.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Age {
-    /// Within the listing TTL.
-    Fresh,
-    /// Listed now (a new enumeration, a delete check).
-    Now,
-    /// Any age: an enumeration paging on through the listing it started.
-    Any,
 }
 
 /// One page of a directory enumeration.
@@ -267,8 +169,7 @@ fn components(win_path: &str) -> Vec<&str> {
 pub struct Volume<S: ObjectStore> {
     fs: Arc<Filesystem<S>>,
     label: String,
-    listings: Mutex<HashMap<String, Arc<Listing>>>,
-    listing_ttl: Duration,
+    listings: Kept,
 }
 
 impl<S: ObjectStore> Volume<S> {
@@ -276,12 +177,11 @@ impl<S: ObjectStore> Volume<S> {
     pub fn new(fs: Arc<Filesystem<S>>, label: &str) -> Self {
         // A listing answers "no such name in any case", so it lives as long as a negative
         // entry does.
-        let listing_ttl = fs.config().negative_ttl;
+        let listings = Kept::new(fs.config().negative_ttl);
         Volume {
             fs,
             label: label.to_string(),
-            listings: Mutex::new(HashMap::new()),
-            listing_ttl,
+            listings,
         }
     }
 
@@ -336,26 +236,7 @@ impl<S: ObjectStore> Volume<S> {
     }
 
     fn forget_listing(&self, dir_path: &str) {
-        self.listings.lock().remove(dir_path);
-    }
-
-    /// Drops the listings of a directory that moved or went, and of everything under it.
-    fn forget_listings_under(&self, dir_path: &str) {
-        let inside = format!("{dir_path}/");
-        self.listings
-            .lock()
-            .retain(|k, _| k != dir_path && !k.starts_with(&inside));
-    }
-
-    /// Applies an edit this volume made to a kept listing of `dir_path`; a listing the edit
-    /// cannot be patched into is dropped, and the next lookup lists again.
-    fn edit_listing(&self, dir_path: &str, edit: impl FnOnce(&mut Listing) -> bool) {
-        let mut listings = self.listings.lock();
-        if let Some(l) = listings.get_mut(dir_path) {
-            if !edit(Arc::make_mut(l)) {
-                listings.remove(dir_path);
-            }
-        }
+        self.listings.edit(dir_path, Edit::Drop);
     }
 
     /// `object` appeared in `dir_path` (created, or renamed there).
@@ -363,34 +244,28 @@ impl<S: ObjectStore> Volume<S> {
         if dir_path.is_empty() && object == TEMP_DIR {
             return;
         }
-        let units = dir_units(dir_path);
-        self.edit_listing(dir_path, |l| l.insert(units, object, attr.clone()));
+        let edit = Edit::Insert {
+            dir_units: dir_units(dir_path),
+            object: object.to_string(),
+            attr: attr.clone(),
+        };
+        self.listings.edit(dir_path, edit);
     }
 
     /// `object` left `dir_path` (deleted, or renamed away).
     fn unlisted(&self, dir_path: &str, object: &str) {
-        self.edit_listing(dir_path, |l| l.remove(object));
-    }
-
-    /// The kept listing of `dir_path`, if it is fresh enough.
-    fn kept_listing(&self, dir_path: &str, age: Age) -> Option<Arc<Listing>> {
-        let listings = self.listings.lock();
-        let l = listings.get(dir_path)?;
-        let ok = match age {
-            Age::Now => false,
-            Age::Fresh => l.fetched.elapsed() < self.listing_ttl,
-            Age::Any => true,
-        };
-        ok.then(|| l.clone())
+        self.listings
+            .edit(dir_path, Edit::Remove(object.to_string()));
     }
 
     /// The Windows names of directory `dir` (an inode the caller holds). Callers keep the
     /// result only for the call at hand: edits replace the kept copy.
     async fn listing(&self, dir: Ino, age: Age) -> FsResult<Arc<Listing>> {
         let dir_path = self.object_path(dir)?;
-        if let Some(l) = self.kept_listing(&dir_path, age) {
+        if let Some(l) = self.listings.get(&dir_path, age) {
             return Ok(l);
         }
+        let build = self.listings.begin(&dir_path);
         let fh = self.fs.opendir(dir).await?.fh;
         let mut found = Vec::new();
         let mut offset = 0;
@@ -417,14 +292,8 @@ impl<S: ObjectStore> Volume<S> {
         result?;
         let units = dir_units(&dir_path);
         let mut attrs: HashMap<String, Attr> = found.into_iter().collect();
-        let mut listing = Listing {
-            entries: BTreeMap::new(),
-            by_object: HashMap::with_capacity(attrs.len()),
-            suffixed: false,
-            fetched: Instant::now(),
-        };
-        let names = directory_names(attrs.keys().map(String::as_str));
-        for (object, win) in names {
+        let mut names = Vec::with_capacity(attrs.len());
+        for (object, win) in directory_names(attrs.keys().map(String::as_str)) {
             if !shown(units, &win) {
                 tracing::warn!(
                     name = %object, dir = %dir_path,
@@ -436,19 +305,11 @@ impl<S: ObjectStore> Volume<S> {
             if dir_path.is_empty() && object == TEMP_DIR {
                 continue;
             }
-            let Some(attr) = attrs.remove(&object) else {
-                continue;
-            };
-            listing.suffixed |= win != to_windows(&object);
-            let key = fold(&win);
-            listing.by_object.insert(object.clone(), key.clone());
-            listing
-                .entries
-                .insert(key, ListedName { win, object, attr });
+            if let Some(attr) = attrs.remove(&object) {
+                names.push((object, win, attr));
+            }
         }
-        let listing = Arc::new(listing);
-        self.listings.lock().insert(dir_path, listing.clone());
-        Ok(listing)
+        Ok(build.finish(Listing::new(names)))
     }
 
     /// Looks `win_name` up in directory `dir`: the exact object name first, then a
@@ -465,7 +326,8 @@ impl<S: ObjectStore> Volume<S> {
                 // which a kept listing knows; no listing is made just to ask.
                 let dir_path = self.object_path(dir)?;
                 let shown = self
-                    .kept_listing(&dir_path, Age::Fresh)
+                    .listings
+                    .get(&dir_path, Age::Fresh)
                     .and_then(|l| l.win_of(&object).map(str::to_string))
                     .unwrap_or_else(|| to_windows(&object));
                 return Ok((attr, shown));
@@ -876,7 +738,7 @@ impl<S: ObjectStore> Volume<S> {
             Err(_) => self.forget_listing(dir),
         }
         if h.is_dir() {
-            self.forget_listings_under(&path);
+            self.listings.drop_tree(&path);
         }
         match result {
             Err(FsError::NotFound) => Ok(()),
@@ -966,7 +828,7 @@ impl<S: ObjectStore> Volume<S> {
             }
         }
         if h.is_dir() {
-            self.forget_listings_under(from);
+            self.listings.drop_tree(from);
         }
         result
     }
@@ -1026,5 +888,6 @@ impl<S: ObjectStore> Volume<S> {
     }
 }
 
+mod listing;
 #[cfg(test)]
 mod tests;
