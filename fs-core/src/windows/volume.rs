@@ -141,12 +141,28 @@ impl WinHandle {
     }
 }
 
-/// How long a directory's Windows path is, in UTF-16 units with a separator per component.
+/// How long a directory's Windows path is with the separator after it, in UTF-16 units: what
+/// a name in it adds to. `\` at the root, `\a\b\` for `a/b`.
 fn dir_units(dir_path: &str) -> usize {
-    dir_path
+    1 + dir_path
         .split('/')
+        .filter(|c| !c.is_empty())
         .map(|c| utf16_len(&to_windows(c)) + 1)
-        .sum()
+        .sum::<usize>()
+}
+
+/// The name WinFsp keeps for a path component asked for as `asked`: the first of `shown` (how
+/// the folder shows the object, best first) that differs from `asked` only by case, else
+/// `asked` as typed. WinFsp refuses a normalized name that differs otherwise, and an object
+/// may be reached by a name it is not shown under: its exact object name when a case twin
+/// holds the plain name, or a quote typed where the mapping would put none.
+fn canonical<'a>(asked: &str, shown: impl IntoIterator<Item = &'a str>) -> String {
+    let key = fold(asked);
+    shown
+        .into_iter()
+        .find(|s| fold(s) == key)
+        .unwrap_or(asked)
+        .to_string()
 }
 
 /// One page of a directory enumeration.
@@ -293,7 +309,11 @@ impl<S: ObjectStore> Volume<S> {
         let units = dir_units(&dir_path);
         let mut attrs: HashMap<String, Attr> = found.into_iter().collect();
         let mut names = Vec::with_capacity(attrs.len());
-        for (object, win) in directory_names(attrs.keys().map(String::as_str)) {
+        let all = directory_names(attrs.keys().map(String::as_str));
+        // Counted before names too long to show are left out: their suffix still depends on
+        // the names that are shown.
+        let suffixed = all.iter().any(|(object, win)| *win != to_windows(object));
+        for (object, win) in all {
             if !shown(units, &win) {
                 tracing::warn!(
                     name = %object, dir = %dir_path,
@@ -309,7 +329,7 @@ impl<S: ObjectStore> Volume<S> {
                 names.push((object, win, attr));
             }
         }
-        Ok(build.finish(Listing::new(names)))
+        Ok(build.finish(Listing::new(names, suffixed)))
     }
 
     /// Looks `win_name` up in directory `dir`: the exact object name first, then a
@@ -325,12 +345,11 @@ impl<S: ObjectStore> Volume<S> {
                 // The shown name differs from the plain mapping only under a case suffix,
                 // which a kept listing knows; no listing is made just to ask.
                 let dir_path = self.object_path(dir)?;
-                let shown = self
-                    .listings
-                    .get(&dir_path, Age::Fresh)
-                    .and_then(|l| l.win_of(&object).map(str::to_string))
-                    .unwrap_or_else(|| to_windows(&object));
-                return Ok((attr, shown));
+                let kept = self.listings.get(&dir_path, Age::Fresh);
+                let listed = kept.as_deref().and_then(|l| l.win_of(&object));
+                let plain = to_windows(&object);
+                let name = canonical(win_name, listed.into_iter().chain([plain.as_str()]));
+                return Ok((attr, name));
             }
             Err(FsError::NotFound) | Err(FsError::InvalidName(_)) => {}
             Err(e) => return Err(e),
@@ -507,9 +526,16 @@ impl<S: ObjectStore> Volume<S> {
         }
         let name = from_windows(win_name);
         let parent_path = self.object_path(parent.ino)?;
-        let shown = to_windows(&name);
+        let shown = canonical(win_name, [to_windows(&name).as_str()]);
         if opts.directory {
-            let attr = self.fs.mkdir(parent.ino, &name).await?;
+            let attr = match self.fs.mkdir(parent.ino, &name).await {
+                Ok(attr) => attr,
+                Err(e) => {
+                    // It may have been made although the answer was lost.
+                    self.forget_listing(&parent_path);
+                    return Err(e);
+                }
+            };
             self.listed(&parent_path, &name, &attr);
             let info = self.info(&attr, None);
             let handle = WinHandle {
@@ -519,7 +545,13 @@ impl<S: ObjectStore> Volume<S> {
             };
             return Ok((handle, info, shown));
         }
-        let (attr, opened) = self.fs.create(parent.ino, &name).await?;
+        let (attr, opened) = match self.fs.create(parent.ino, &name).await {
+            Ok(created) => created,
+            Err(e) => {
+                self.forget_listing(&parent_path);
+                return Err(e);
+            }
+        };
         self.listed(&parent_path, &name, &attr);
         let allocation = (allocation_size > 0).then_some(allocation_size);
         let info = self.info(&attr, allocation);

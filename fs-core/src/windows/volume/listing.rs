@@ -47,12 +47,13 @@ pub(super) struct Listing {
 
 impl Listing {
     /// A listing of `names` (object name, Windows name, attributes), as
-    /// [`super::directory_names`] named them.
-    pub fn new(names: impl IntoIterator<Item = (String, String, Attr)>) -> Self {
+    /// [`super::directory_names`] named them; `suffixed` if that gave any name in the
+    /// directory a case suffix, shown or not.
+    pub fn new(names: impl IntoIterator<Item = (String, String, Attr)>, suffixed: bool) -> Self {
         let mut listing = Listing {
             entries: BTreeMap::new(),
             by_object: HashMap::new(),
-            suffixed: false,
+            suffixed,
             fetched: Instant::now(),
         };
         for (object, win, attr) in names {
@@ -322,6 +323,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, o)| (o.to_string(), to_windows(o), attr(i as u64 + 10))),
+            false,
         )
     }
 

@@ -543,11 +543,10 @@ async fn open_and_create_return_the_name_as_the_folder_shows_it() {
         .unwrap();
     assert_eq!(o.name, r"\Docs\report (case 2).txt");
     f.vol.close(o.handle).await;
+    // Its exact object name also opens it; WinFsp takes only a name that differs from the
+    // one asked for by case, so that is the name it keeps.
     let o = f.vol.open(r"\docs\report.txt", FILE).await.unwrap();
-    assert_eq!(
-        o.name, r"\Docs\report (case 2).txt",
-        "the exact object, as listed"
-    );
+    assert_eq!(o.name, r"\Docs\report.txt");
     f.vol.close(o.handle).await;
     // The case-only rename WinFsp would have skipped: the open name was the old case.
     let o = f.vol.open(r"\DOCS\BUDGET.XLSX", FILE).await.unwrap();
@@ -1117,5 +1116,156 @@ mod model {
                 assert_eq!(names, want);
             });
         }
+    }
+}
+
+/// Sequences a cold review of the kept listings and canonical names found broken.
+mod review {
+    use super::*;
+    use crate::store::memory::FaultConfig;
+
+    /// WinFsp refuses a normalized name that differs from the requested one other than by
+    /// case (`STATUS_OBJECT_NAME_INVALID`).
+    fn same_but_case(requested: &str, canonical: &str) -> bool {
+        fold(requested) == fold(canonical)
+    }
+
+    #[tokio::test]
+    async fn canonical_name_of_an_exact_object_name_under_a_case_suffix() {
+        let f = fixture(1 << 20);
+        f.store.insert("Docs/Report.txt", "R");
+        f.store.insert("Docs/report.txt", "r");
+        let o = f.vol.open(r"\Docs\report.txt", FILE).await.unwrap();
+        let before = o.name.clone();
+        f.vol.close(o.handle).await;
+        f.names(r"\Docs").await; // Explorer shows the folder: its listing is kept
+        let o = f.vol.open(r"\Docs\report.txt", FILE).await.unwrap();
+        let after = o.name.clone();
+        f.vol.close(o.handle).await;
+        assert_eq!(before, after, "one file, two canonical names");
+        assert!(
+            same_but_case(r"\Docs\report.txt", &after),
+            "WinFsp refuses {after:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn canonical_name_of_a_typed_quote_is_not_the_requested_name() {
+        let f = fixture(1 << 20);
+        let path = "\\\u{201B}draft.txt"; // a quote where the mapping puts none
+        let o = f.vol.create(path, FILE, 0).await.unwrap();
+        let name = o.name.clone();
+        f.vol.cleanup(&o.handle, false).await.unwrap();
+        f.vol.close(o.handle).await;
+        f.settle().await;
+        assert!(
+            f.object("\u{201B}draft.txt").is_some(),
+            "the core created it"
+        );
+        assert!(
+            same_but_case(path, &name),
+            "create answers {name:?} for {path:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn delete_of_the_plain_name_leaves_its_hidden_case_twin_unfindable() {
+        let f = fixture(1 << 20);
+        let deep = vec!["d".repeat(250); 4].join("/");
+        let (shown, collided) = ("F".repeat(18), "f".repeat(18));
+        f.store.insert(&format!("{deep}/{shown}"), "upper");
+        f.store.insert(&format!("{deep}/{collided}"), "lower");
+        let deep_win = format!("\\{}", deep.replace('/', "\\"));
+        assert_eq!(f.names(&deep_win).await, vec![".", "..", shown.as_str()]);
+        let upper = format!("{deep_win}\\{shown}");
+        let o = f.vol.open(&upper, FILE).await.unwrap();
+        f.vol.set_delete(&o.handle, true).await.unwrap();
+        f.vol.cleanup(&o.handle, true).await.unwrap();
+        f.vol.close(o.handle).await;
+        let found = f.vol.open(&upper, FILE).await; // `fff…` in another case
+        assert_eq!(f.names(&deep_win).await, vec![".", "..", collided.as_str()]);
+        match found {
+            Ok(o) => f.vol.close(o.handle).await,
+            Err(e) => panic!("{e}: the kept listing lost {collided}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listed_name_can_be_opened() {
+        let f = fixture(1 << 20);
+        let deep = vec!["d".repeat(250); 4].join("/");
+        let name = "x".repeat(20);
+        f.store.insert(&format!("{deep}/{name}"), "x");
+        let deep_win = format!("\\{}", deep.replace('/', "\\"));
+        let listed = f.names(&deep_win).await;
+        let path = format!("{deep_win}\\{name}");
+        let opened = f.vol.open(&path, FILE).await;
+        assert!(
+            !listed.contains(&name) || opened.is_ok(),
+            "listed but {} units long: {:?}",
+            path.encode_utf16().count(),
+            opened.err().map(|e| e.to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_create_during_an_enumeration_is_not_lost_from_the_kept_listing() {
+        let f = fixture(1 << 20);
+        f.store.insert("d/old.txt", "x");
+        let Opened { handle: dir, .. } = f.vol.open(r"\d", DIR).await.unwrap();
+        let lists = f.store.counts.list.load(Ordering::SeqCst);
+        f.store
+            .set_faults(Some(FaultConfig::delays(7, Duration::from_millis(300))));
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let enumeration = async {
+            let page = f.vol.read_directory(&dir, None).await;
+            done.store(true, Ordering::SeqCst);
+            page
+        };
+        let create = async {
+            while f.store.counts.list.load(Ordering::SeqCst) == lists {
+                tokio::task::yield_now().await; // until the enumeration's LIST is in flight
+            }
+            f.store.set_faults(None);
+            // Explorer's copy: created and being written, not uploaded yet.
+            let o = f.vol.create(r"\d\new.txt", FILE, 0).await.unwrap();
+            f.vol.write(&o.handle, 0, b"n", false, false).await.unwrap();
+            (o.handle, !done.load(Ordering::SeqCst))
+        };
+        let (page, (new, raced)) = tokio::join!(enumeration, create);
+        page.unwrap();
+        assert!(raced, "no race");
+        f.vol.cleanup(&new, false).await.unwrap();
+        f.vol.close(new).await;
+        f.vol.close(dir).await;
+        let open_ok = f.vol.open(r"\d\NEW.TXT", FILE).await.is_ok();
+        let again_ok = f.vol.create(r"\d\NEW.TXT", FILE, 0).await.is_ok();
+        assert!(
+            open_ok && !again_ok,
+            "open NEW.TXT: {open_ok}; created NEW.TXT too: {again_ok}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mkdir_whose_answer_was_lost_is_not_hidden_by_the_kept_listing() {
+        let f = fixture(1 << 20);
+        f.store.insert("d/a.txt", "a");
+        f.names(r"\d").await;
+        f.store.set_faults(Some(FaultConfig {
+            seed: 1,
+            fail_before: 0.0,
+            fail_after: 1.0,
+            max_delay: Duration::ZERO,
+        }));
+        let made = f.vol.create(r"\d\New Folder", DIR, 0).await;
+        f.store.set_faults(None);
+        assert!(made.is_err() && f.object("d/New Folder/").is_some());
+        let open_ok = f.vol.open(r"\d\NEW FOLDER", DIR).await.is_ok();
+        let again_ok = f.vol.create(r"\d\new folder", DIR, 0).await.is_ok();
+        let keys = f.store.keys();
+        assert!(
+            open_ok && !again_ok,
+            "open: {open_ok}; second mkdir: {again_ok}; {keys:?}"
+        );
     }
 }
