@@ -18,6 +18,7 @@ use std::sync::Arc;
 use fs_core::store::ObjectStore;
 use fs_core::windows::volume::{OpenOptions, Opened, Volume, WinEntry, WinHandle, WinInfo};
 use fs_core::FsError;
+use windows::Win32::Globalization::{CompareStringOrdinal, CSTR_EQUAL};
 use winfsp::constants::FSP_FSCTL_TRANSACT_RSP_BUFFER_SIZEMAX;
 use winfsp::filesystem::{
     AsyncFileSystemContext, DirInfo, DirMarker, FileInfo, FileSecurity, FileSystemContext,
@@ -52,11 +53,19 @@ fn name(s: &U16CStr) -> winfsp::Result<String> {
 /// Gives WinFsp the opened file's name as the directories show it. On a case-insensitive
 /// volume WinFsp otherwise keeps the name as the caller spelled it, upper-cased: a case-only
 /// rename would then look like no change, and change notifications would show capitals.
-fn fill_opened(out: &mut OpenFileInfo, opened: &Opened) {
+///
+/// WinFsp refuses a name that differs from `requested` other than by case. The core folds
+/// case as Windows does for every letter its own tables share with Windows'; the check here
+/// uses Windows' own table (the one NTFS uses), so a letter they disagree on (a capital added
+/// to Unicode after Windows' table) leaves WinFsp's default rather than failing the open.
+fn fill_opened(out: &mut OpenFileInfo, opened: &Opened, requested: &U16CStr) {
     fill(out.as_mut(), &opened.info);
     let wide: Vec<u16> = opened.name.encode_utf16().collect();
+    // SAFETY: both are plain UTF-16 slices; the call only reads them.
+    let same = unsafe { CompareStringOrdinal(requested.as_slice(), &wide, true) } == CSTR_EQUAL;
     let bytes = (wide.len() + 1) * 2;
-    if bytes <= usize::from(out.normalized_name_size())
+    if same
+        && bytes <= usize::from(out.normalized_name_size())
         && bytes < FSP_FSCTL_TRANSACT_RSP_BUFFER_SIZEMAX
     {
         out.set_normalized_name(&wide, Some(u16::from(b'\\')));
@@ -178,7 +187,7 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
         let path = name(file_name)?;
         let opts = OpenOptions::from_create_options(create_options);
         let opened = self.run(self.volume.open(&path, opts))?;
-        fill_opened(file_info, &opened);
+        fill_opened(file_info, &opened, file_name);
         Ok(opened.handle)
     }
 
@@ -201,7 +210,7 @@ impl<S: ObjectStore> FileSystemContext for BucketFs<S> {
         let path = name(file_name)?;
         let opts = OpenOptions::from_create_options(create_options);
         let opened = self.run(self.volume.create(&path, opts, allocation_size))?;
-        fill_opened(file_info, &opened);
+        fill_opened(file_info, &opened, file_name);
         Ok(opened.handle)
     }
 
