@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::config::MountConfig;
 use crate::store::memory::MemoryStore;
-use crate::store::MTIME_KEY;
+use crate::store::{MTIME_KEY, MTIME_PRECISE_KEY};
 use crate::write::upload::UploadConfig;
 use crate::write::writeback::WriteConfig;
 
@@ -437,7 +437,8 @@ async fn flush_puts_the_data_in_the_bucket_before_close() {
 async fn set_basic_info_stores_the_last_write_time_as_mtime() {
     let f = fixture(1 << 20);
     f.store.insert("photo.jpg", "jpeg");
-    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    // With a fraction of a second, as robocopy sets it (FILETIME counts 100 ns).
+    let t = SystemTime::UNIX_EPOCH + Duration::new(1_500_000_000, 123_456_700);
     let (h, _) = f.vol.open(r"\photo.jpg", FILE).await.unwrap();
     let writes = f.store.counts.write.load(Ordering::SeqCst);
     let info = f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
@@ -453,6 +454,11 @@ async fn set_basic_info_stores_the_last_write_time_as_mtime() {
         meta.metadata.get(MTIME_KEY).map(String::as_str),
         Some("1500000000")
     );
+    assert_eq!(
+        meta.metadata.get(MTIME_PRECISE_KEY).map(String::as_str),
+        Some("2017-07-14T02:40:00.123456700Z")
+    );
+    assert_eq!(meta.mtime(), t);
     assert_eq!(f.object("photo.jpg").as_deref(), Some(&b"jpeg"[..]));
     assert_eq!(
         f.store.counts.write.load(Ordering::SeqCst) - writes,
