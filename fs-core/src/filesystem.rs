@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
@@ -324,20 +323,3 @@ mod handles;
 mod regressions;
 #[cfg(test)]
 mod tests;
-
-/// Whether two times fall in the same whole second (object metadata keeps mtimes to the second).
-fn same_second(a: SystemTime, b: SystemTime) -> bool {
-    let secs = |t: SystemTime| {
-        t.duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .ok()
-    };
-    secs(a) == secs(b)
-}
-
-/// Whole seconds since the epoch, as object metadata stores times.
-fn unix_secs(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}

@@ -485,6 +485,74 @@ fn posix_metadata_and_touch_patch_the_object() -> Result<()> {
     m.unmount()
 }
 
+/// Modification times keep their nanoseconds (rsync and robocopy compare them on their next
+/// run): set on a file being written, and touched on a file uploaded through the mount and on
+/// one put in the bucket by another tool. The object carries rclone's `mtime` (RFC 3339) beside
+/// gsutil's `goog-reserved-file-mtime` (seconds), and a remount shows the time to the
+/// nanosecond, from a listing and from a lookup.
+#[test]
+fn mtimes_keep_their_nanoseconds_across_a_remount() -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let emu = setup("nanos")?;
+    emu.put("nanos", "bucket", b"put by another tool")?;
+    let m = Mount::new(&emu, "nanos", &["--write-back-delay", "0s"])?;
+    let p = m.path();
+    write_and_close(&p.join("uploaded"), b"written, then touched")?;
+    m.wait_uploaded(std::time::Duration::from_secs(60))?;
+    let t = std::time::UNIX_EPOCH + std::time::Duration::new(1_577_941_567, 123_456_700);
+    // utimensat on the open file, before the close commits it.
+    let mut f = std::fs::File::create(p.join("new"))?;
+    f.write_all(b"timed before its upload")?;
+    f.set_modified(t)?;
+    bucketdrive_tests::close_checked(f)?;
+    for name in ["uploaded", "bucket"] {
+        let ok = Command::new("touch")
+            .args(["-m", "-d", "2020-01-02 05:06:07.1234567 UTC"])
+            .arg(p.join(name))
+            .status()?;
+        assert!(ok.success(), "touch {name}");
+    }
+    m.wait_uploaded(std::time::Duration::from_secs(60))?;
+    let names = ["bucket", "new", "uploaded"];
+    for name in names {
+        let meta = emu.metadata("nanos", name)?;
+        assert!(
+            meta.contains("\"mtime\":\"2020-01-02T05:06:07.123456700Z\""),
+            "{name}: {meta}"
+        );
+        assert!(
+            meta.contains("\"goog-reserved-file-mtime\":\"1577941567\""),
+            "{name}: {meta}"
+        );
+    }
+    m.unmount()?;
+
+    let m = Mount::new(&emu, "nanos", &[])?;
+    let mut listed = Vec::new();
+    for entry in std::fs::read_dir(m.path())? {
+        let entry = entry?;
+        let st = entry.metadata()?;
+        listed.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            st.mtime(),
+            st.mtime_nsec(),
+        ));
+    }
+    listed.sort();
+    let want: Vec<(String, i64, i64)> = names
+        .iter()
+        .map(|n| (n.to_string(), 1_577_941_567, 123_456_700))
+        .collect();
+    assert_eq!(listed, want);
+    let st = std::fs::metadata(m.path().join("new"))?;
+    assert_eq!(st.modified()?, t);
+    assert_eq!(
+        std::fs::read(m.path().join("new"))?,
+        b"timed before its upload"
+    );
+    m.unmount()
+}
+
 /// `bucketdrive unmount` returns once every pending upload is in the bucket, whatever the
 /// write-back delay; with `--no-wait` it returns at once and the next mount uploads them.
 #[test]

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{same_second, unix_secs, FileIo, Filesystem};
+use super::{FileIo, Filesystem};
 use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
-use crate::store::{ObjectMeta, ObjectStore, Posix, StoreErrorKind, MTIME_KEY};
+use crate::store::{mtime_metadata, ObjectMeta, ObjectStore, Posix, StoreErrorKind};
 use crate::write::writeback::ItemRef;
 
 impl<S: ObjectStore> Filesystem<S> {
@@ -36,8 +36,10 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         let current = self.getattr(ino).await?;
         // The kernel's write-back cache flushes an inode's times after writes and renames; a
-        // time the file already has (to the second, as stored) changes nothing.
-        let same_time = mtime.is_none_or(|t| same_second(t, current.mtime));
+        // time the file already has changes nothing. Compared exactly: the bucket keeps
+        // nanoseconds, and a time that differs only below the second is a change (rsync and
+        // robocopy set such times and compare them on their next run).
+        let same_time = mtime.is_none_or(|t| t == current.mtime);
         if size.is_none() && same_time {
             return Ok(current);
         }
@@ -48,8 +50,7 @@ impl<S: ObjectStore> Filesystem<S> {
             // Only the time of a file as it is in the bucket (`touch` opens it first): patch
             // its metadata, no upload.
             if let (Some(t), Ok(Entry::File(m))) = (mtime, self.ns.resolve(&path).await) {
-                let mut md = HashMap::new();
-                md.insert(MTIME_KEY.to_string(), unix_secs(t).to_string());
+                let md: HashMap<String, String> = mtime_metadata(t).into_iter().collect();
                 return self.patch_metadata(ino, &path, &key, &m, &md).await;
             }
         }

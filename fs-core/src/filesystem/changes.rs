@@ -16,8 +16,8 @@ use super::Filesystem;
 use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::store::{
-    ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY,
-    SYMLINK_KEY,
+    mtime_metadata, ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind,
+    WriteOptions, SYMLINK_KEY,
 };
 
 impl<S: ObjectStore> Filesystem<S> {
@@ -425,17 +425,11 @@ impl<S: ObjectStore> Filesystem<S> {
         self.writer()?;
         let path = self.child_path(parent, name)?;
         self.ensure_absent(&path).await?;
-        let now = SystemTime::now();
-        let secs = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let mut metadata: HashMap<String, String> =
+            mtime_metadata(SystemTime::now()).into_iter().collect();
+        metadata.insert(SYMLINK_KEY.to_string(), target.to_string());
         let opts = WriteOptions {
-            metadata: [
-                (SYMLINK_KEY.to_string(), target.to_string()),
-                (MTIME_KEY.to_string(), secs.to_string()),
-            ]
-            .into(),
+            metadata,
             ..WriteOptions::default()
         };
         let key = self.ns.key_of(&path);

@@ -1,12 +1,12 @@
 //! The write path through the facade, against `MemoryStore`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::*;
 use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
-use crate::store::{ObjectStore, Posix, MTIME_KEY, SYMLINK_KEY};
+use crate::store::{ObjectStore, Posix, MTIME_KEY, MTIME_PRECISE_KEY, SYMLINK_KEY};
 use crate::write::upload::UploadConfig;
 
 fn wcfg(dir: &std::path::Path, delay_ms: u64) -> WriteConfig {
@@ -374,6 +374,48 @@ fn journal_replay_uploads_what_a_crash_left_behind() {
         journal, 0,
         "every record is gone once its file is in the bucket"
     );
+}
+
+/// A time set to the nanosecond on a file that a crash left staged is uploaded as it was set.
+#[test]
+fn journal_replay_keeps_the_nanoseconds_of_the_mtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let t = SystemTime::UNIX_EPOCH + Duration::new(1_577_941_567, 123_456_700);
+    let mount = |delay_ms| {
+        let mut wc = wcfg(dir.path(), delay_ms);
+        wc.cache_dir = dir.path().join("c");
+        Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wc).unwrap()
+    };
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let fs = mount(3_600_000);
+            let (attr, h) = fs.create(ROOT_INO, "f").await.unwrap();
+            fs.write(h.fh, 0, b"data").await.unwrap();
+            fs.setattr(attr.ino, None, Some(t), Some(h.fh))
+                .await
+                .unwrap();
+            fs.flush(h.fh).await.unwrap();
+            fs.release(h.fh).await;
+        });
+        rt.shutdown_timeout(Duration::from_secs(5)); // the crash
+    }
+    assert!(store.object_bytes("f").is_none(), "not uploaded before");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(0);
+        assert_eq!(fs.start().await.unwrap(), 1);
+        let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+        assert_eq!(f.mtime, t, "shown as set while it waits");
+        assert_eq!(fs.drain(false).await, 0);
+        let meta = store.head("f").await.unwrap();
+        assert_eq!(meta.metadata[MTIME_KEY], "1577941567");
+        assert_eq!(
+            meta.metadata[MTIME_PRECISE_KEY],
+            "2020-01-02T05:06:07.123456700Z"
+        );
+    });
 }
 
 #[tokio::test]
@@ -812,6 +854,89 @@ async fn symlinks_are_marked_objects_that_survive_rename() {
     assert!(store.object_bytes("moved").is_none());
 }
 
+/// A time that differs from the file's only below the second is a change, kept to the
+/// nanosecond: on a file as it is in the bucket (a metadata patch) and on one being written
+/// (with its upload). rsync and robocopy compare such times on their next run.
+#[tokio::test]
+async fn setattr_keeps_times_that_differ_only_below_the_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let whole = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    let fine = whole + Duration::from_nanos(123_456_700);
+    let seconds_only = crate::store::WriteOptions {
+        metadata: [(MTIME_KEY.to_string(), "1600000000".to_string())].into(),
+        ..Default::default()
+    };
+    store
+        .put(
+            "f",
+            bytes::Bytes::from_static(b"body"),
+            crate::store::Precondition::None,
+            &seconds_only,
+        )
+        .await
+        .unwrap();
+    let fs = Filesystem::with_write(
+        store.clone(),
+        MountConfig::new("bkt"),
+        wcfg(dir.path(), 3_600_000),
+    )
+    .unwrap();
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    assert_eq!(f.mtime, whole);
+    let writes = || store.counts.write.load(std::sync::atomic::Ordering::SeqCst);
+    let w0 = writes();
+    let a = fs.setattr(f.ino, None, Some(fine), None).await.unwrap();
+    assert_eq!(a.mtime, fine);
+    assert_eq!(writes() - w0, 1, "one metadata patch");
+    let meta = store.head("f").await.unwrap();
+    assert_eq!(meta.metadata[MTIME_KEY], "1600000000");
+    assert_eq!(
+        meta.metadata[MTIME_PRECISE_KEY],
+        "2020-09-13T12:26:40.123456700Z"
+    );
+    fs.setattr(f.ino, None, Some(fine), None).await.unwrap();
+    assert_eq!(writes() - w0, 1, "the time it has, exactly: nothing to do");
+    let fresh = writable(&store, &dir.path().join("2"));
+    assert_eq!(fresh.lookup(ROOT_INO, "f").await.unwrap().mtime, fine);
+
+    // Being written: the later time, a few nanoseconds on, is the one uploaded.
+    let (attr, h) = fs.create(ROOT_INO, "new").await.unwrap();
+    fs.write(h.fh, 0, b"data").await.unwrap();
+    fs.setattr(attr.ino, None, Some(whole), Some(h.fh))
+        .await
+        .unwrap();
+    let a = fs
+        .setattr(attr.ino, None, Some(fine), Some(h.fh))
+        .await
+        .unwrap();
+    assert_eq!(a.mtime, fine);
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    let meta = store.head("new").await.unwrap();
+    assert_eq!(meta.metadata[MTIME_KEY], "1600000000");
+    assert_eq!(
+        meta.metadata[MTIME_PRECISE_KEY],
+        "2020-09-13T12:26:40.123456700Z"
+    );
+
+    // A modified file is uploaded with its new time in both keys, not the old precise one.
+    let h = fs.open(f.ino, W).await.unwrap();
+    fs.write(h.fh, 0, b"BODY").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    let local = fs.getattr(f.ino).await.unwrap().mtime;
+    assert_ne!(local, fine);
+    assert_eq!(fs.drain(false).await, 0);
+    let meta = store.head("f").await.unwrap();
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"BODY");
+    let want: HashMap<String, String> = crate::store::mtime_metadata(local).into_iter().collect();
+    assert_eq!(meta.metadata[MTIME_KEY], want[MTIME_KEY]);
+    assert_eq!(meta.metadata[MTIME_PRECISE_KEY], want[MTIME_PRECISE_KEY]);
+    assert_eq!(meta.mtime(), local);
+}
+
 #[tokio::test]
 async fn touch_and_chmod_of_a_file_in_the_bucket_patch_metadata_only() {
     let dir = tempfile::tempdir().unwrap();
@@ -844,6 +969,10 @@ async fn touch_and_chmod_of_a_file_in_the_bucket_patch_metadata_only() {
     let meta = store.head("f").await.unwrap();
     assert_eq!(meta.generation, generation, "content untouched");
     assert_eq!(meta.metadata[MTIME_KEY], "1600000000");
+    assert_eq!(
+        meta.metadata[MTIME_PRECISE_KEY],
+        "2020-09-13T12:26:40.000000000Z"
+    );
     assert_eq!(Posix::from_metadata(&meta.metadata), posix);
 
     // A modified file keeps its mode and owner.

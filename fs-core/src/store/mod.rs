@@ -16,13 +16,40 @@ pub mod tls;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::pin::Pin;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
+use time::format_description::well_known::{Iso8601, Rfc3339};
+use time::OffsetDateTime;
 
 /// Metadata key that gsutil and rclone use for a file's modification time (seconds since epoch).
 pub const MTIME_KEY: &str = "goog-reserved-file-mtime";
+
+/// Metadata key that rclone uses for the modification time to the nanosecond (RFC 3339). The
+/// seconds of [`MTIME_KEY`] alone make robocopy and `rsync` see every file as changed.
+pub const MTIME_PRECISE_KEY: &str = "mtime";
+
+/// The metadata entries that store `t` as a file's modification time: [`MTIME_KEY`] with whole
+/// seconds, for gsutil, and [`MTIME_PRECISE_KEY`] with nanoseconds, for rclone and us. The one
+/// place that formats them, so every writer stores the same two values.
+///
+/// A time before 1970 is stored as 1970 (a negative `goog-reserved-file-mtime` is not read back
+/// by anyone). A time whose year RFC 3339 cannot write (past 9999) gets the seconds key alone.
+pub fn mtime_metadata(t: SystemTime) -> Vec<(String, String)> {
+    let since_epoch = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let mut md = vec![(MTIME_KEY.to_string(), since_epoch.as_secs().to_string())];
+    // ISO 8601's default form is RFC 3339 in UTC with all nine digits of the fraction
+    // (`2020-01-02T05:06:07.123456700Z`); rclone trims trailing zeros, and reads either.
+    let precise = i128::try_from(since_epoch.as_nanos())
+        .ok()
+        .and_then(|n| OffsetDateTime::from_unix_timestamp_nanos(n).ok())
+        .and_then(|d| d.format(&Iso8601::DEFAULT).ok());
+    if let Some(p) = precise {
+        md.push((MTIME_PRECISE_KEY.to_string(), p));
+    }
+    md
+}
 
 /// Owner, group and mode as gsutil (`cp -P`) and rclone store them, read and written with
 /// `--posix-metadata`: decimal ids, and the mode as octal digits.
@@ -86,15 +113,33 @@ pub struct ObjectMeta {
 }
 
 impl ObjectMeta {
-    /// The modification time users see: `goog-reserved-file-mtime` when present and valid,
-    /// otherwise the object's update time.
+    /// The modification time users see: rclone's `mtime` (RFC 3339, to the nanosecond, any
+    /// UTC offset) when present and valid, else `goog-reserved-file-mtime` (whole seconds, as
+    /// gsutil writes it), else the object's update time.
+    ///
+    /// When both keys are there but `mtime` falls in another second than
+    /// `goog-reserved-file-mtime`, the seconds key wins: a tool that knows only that one (gsutil
+    /// `rsync`, for one) changed the time after the precise one was written.
     pub fn mtime(&self) -> SystemTime {
-        self.metadata
+        let secs = self
+            .metadata
             .get(MTIME_KEY)
             .and_then(|s| s.trim().parse::<i64>().ok())
-            .filter(|s| *s >= 0)
-            .map(|s| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s as u64))
-            .unwrap_or(self.updated)
+            .filter(|s| *s >= 0);
+        let precise = self
+            .metadata
+            .get(MTIME_PRECISE_KEY)
+            .and_then(|s| OffsetDateTime::parse(s.trim(), &Rfc3339).ok())
+            .filter(|d| d.unix_timestamp() >= 0);
+        let epoch_secs = |s: i64| SystemTime::UNIX_EPOCH + Duration::from_secs(s as u64);
+        match (precise, secs) {
+            (Some(d), Some(s)) if d.unix_timestamp() != s => epoch_secs(s),
+            (Some(d), _) => {
+                epoch_secs(d.unix_timestamp()) + Duration::from_nanos(u64::from(d.nanosecond()))
+            }
+            (None, Some(s)) => epoch_secs(s),
+            (None, None) => self.updated,
+        }
     }
 }
 
@@ -417,6 +462,142 @@ mod tests {
             updated,
             "an unparsable value falls back to the update time"
         );
+    }
+
+    fn meta_with(md: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            key: "k".into(),
+            generation: 1,
+            metageneration: 1,
+            size: 0,
+            crc32c: None,
+            updated: SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000),
+            content_type: None,
+            metadata: md
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// 2020-01-02T05:06:07.123456700Z.
+    fn precise_time() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::new(1_577_941_567, 123_456_700)
+    }
+
+    #[test]
+    fn mtime_reads_the_precise_key_and_the_seconds_key() {
+        let updated = meta_with(&[]).updated;
+        let secs = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        // What the case shows, the object's metadata, the time it must give.
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], SystemTime);
+        let cases: &[Case] = &[
+            ("neither", &[], updated),
+            (
+                "seconds only",
+                &[(MTIME_KEY, "1577941567")],
+                secs(1_577_941_567),
+            ),
+            (
+                "precise only",
+                &[(MTIME_PRECISE_KEY, "2020-01-02T05:06:07.123456700Z")],
+                precise_time(),
+            ),
+            (
+                "both, same second: the precise one",
+                &[
+                    (MTIME_KEY, "1577941567"),
+                    (MTIME_PRECISE_KEY, "2020-01-02T05:06:07.123456700Z"),
+                ],
+                precise_time(),
+            ),
+            (
+                "both, other seconds: the seconds key was changed since",
+                &[
+                    (MTIME_KEY, "1600000000"),
+                    (MTIME_PRECISE_KEY, "2020-01-02T05:06:07.123456700Z"),
+                ],
+                secs(1_600_000_000),
+            ),
+            (
+                "rclone's trimmed fraction and an offset east",
+                &[
+                    (MTIME_KEY, "1577941567"),
+                    (MTIME_PRECISE_KEY, "2020-01-02T06:06:07.1234567+01:00"),
+                ],
+                precise_time(),
+            ),
+            (
+                "an offset west",
+                &[(MTIME_PRECISE_KEY, "2020-01-01T23:36:07.1234567-05:30")],
+                precise_time(),
+            ),
+            (
+                "no fraction",
+                &[(MTIME_PRECISE_KEY, "2020-01-02T05:06:07Z")],
+                secs(1_577_941_567),
+            ),
+            (
+                "garbage precise, valid seconds",
+                &[(MTIME_KEY, "1577941567"), (MTIME_PRECISE_KEY, "yesterday")],
+                secs(1_577_941_567),
+            ),
+            (
+                "not RFC 3339 (no offset)",
+                &[(MTIME_PRECISE_KEY, "2020-01-02T05:06:07.1234567")],
+                updated,
+            ),
+            (
+                "garbage in both",
+                &[(MTIME_KEY, "garbage"), (MTIME_PRECISE_KEY, "garbage")],
+                updated,
+            ),
+            (
+                "before 1970",
+                &[(MTIME_PRECISE_KEY, "1969-12-31T23:59:59.5Z")],
+                updated,
+            ),
+            ("negative seconds", &[(MTIME_KEY, "-5")], updated),
+        ];
+        for (what, md, want) in cases {
+            assert_eq!(meta_with(md).mtime(), *want, "{what}: {md:?}");
+        }
+    }
+
+    #[test]
+    fn mtime_metadata_writes_both_keys_and_reads_back_exactly() {
+        let md: HashMap<String, String> = mtime_metadata(precise_time()).into_iter().collect();
+        assert_eq!(md.len(), 2, "{md:?}");
+        assert_eq!(md[MTIME_KEY], "1577941567");
+        assert_eq!(md[MTIME_PRECISE_KEY], "2020-01-02T05:06:07.123456700Z");
+
+        let whole = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+        let md: HashMap<String, String> = mtime_metadata(whole).into_iter().collect();
+        assert_eq!(md[MTIME_KEY], "1600000000");
+        assert_eq!(md[MTIME_PRECISE_KEY], "2020-09-13T12:26:40.000000000Z");
+
+        for t in [
+            precise_time(),
+            whole,
+            whole + Duration::from_nanos(1),
+            whole + Duration::from_nanos(999_999_999),
+            SystemTime::UNIX_EPOCH,
+        ] {
+            let pairs = mtime_metadata(t);
+            let md: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (&**k, &**v)).collect();
+            assert_eq!(meta_with(&md).mtime(), t, "{md:?}");
+        }
+
+        let before_1970 = SystemTime::UNIX_EPOCH - Duration::from_millis(1500);
+        let md: HashMap<String, String> = mtime_metadata(before_1970).into_iter().collect();
+        assert_eq!(md[MTIME_KEY], "0");
+        assert_eq!(md[MTIME_PRECISE_KEY], "1970-01-01T00:00:00.000000000Z");
+
+        // Year 11476: RFC 3339 has four digits for the year.
+        let far = SystemTime::UNIX_EPOCH + Duration::new(300_000_000_000, 5);
+        let md: HashMap<String, String> = mtime_metadata(far).into_iter().collect();
+        assert_eq!(md.len(), 1, "{md:?}");
+        assert_eq!(md[MTIME_KEY], "300000000000");
     }
 
     #[test]

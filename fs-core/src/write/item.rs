@@ -163,6 +163,11 @@ impl Item {
 
     /// The journal record of version `v` of this file.
     pub fn record(&self, v: &Version) -> Record {
+        // A time before 1970 is kept as 1970, as the upload stores it.
+        let since_epoch = v
+            .mtime
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
         Record {
             id: v.id,
             key: self.key.clone(),
@@ -173,11 +178,8 @@ impl Item {
                 .map(|(_, g)| *g),
             size: v.size,
             crc32c: v.crc32c,
-            mtime: v
-                .mtime
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0),
+            mtime: i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX),
+            mtime_nanos: since_epoch.subsec_nanos(),
             metadata: v.metadata.clone(),
             maybe_landed: self.maybe_landed.clone(),
             state: v.progress.clone(),

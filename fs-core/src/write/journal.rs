@@ -107,6 +107,11 @@ pub struct Record {
     pub crc32c: u32,
     /// Modification time, seconds since the epoch, stored as `goog-reserved-file-mtime`.
     pub mtime: i64,
+    /// The nanoseconds of the modification time (uploaded in the `mtime` metadata beside the
+    /// seconds): kept here so a crash before the upload does not round the time to the second.
+    /// Records of earlier versions have none (0), and a whole second writes none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtime_nanos: u32,
     /// Custom metadata to upload with the file besides the mtime.
     #[serde(default, skip_serializing_if = "std::collections::HashMap::is_empty")]
     pub metadata: HashMap<String, String>,
@@ -117,6 +122,10 @@ pub struct Record {
     pub maybe_landed: Vec<(u32, u64)>,
     #[serde(flatten)]
     pub state: UploadState,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One change to the journal.
@@ -537,6 +546,7 @@ mod tests {
             size: 10,
             crc32c: 99,
             mtime: 1_700_000_000,
+            mtime_nanos: 0,
             metadata: HashMap::new(),
             maybe_landed: Vec::new(),
             state,
@@ -657,6 +667,39 @@ mod tests {
         drop(j);
         let (all, _) = Journal::open(dir.path()).unwrap().load_all().unwrap();
         assert_eq!(all, vec![rec(4, UploadState::Staged)], "now in the log");
+    }
+
+    /// Records keep the nanoseconds of the mtime. A line written before the field existed reads
+    /// as whole seconds, and a record of a whole second is written as before.
+    #[tokio::test]
+    async fn mtime_nanos_are_kept_and_old_lines_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"put":{"id":3,"key":"dir/file3","base_generation":7,"size":10,"crc32c":99,"mtime":1700000000,"state":"staged"}}"#;
+        j_append(
+            &dir.path().join(LOG),
+            &format!("{:08x} {old}\n", crc32c::crc32c(old.as_bytes())),
+        );
+        let j = Journal::open(dir.path()).unwrap();
+        let fine = Record {
+            mtime_nanos: 123_456_700,
+            ..rec(1, UploadState::Staged)
+        };
+        j.put(&fine).await.unwrap();
+        j.put(&rec(2, UploadState::Staged)).await.unwrap();
+        drop(j);
+        let text = std::fs::read_to_string(dir.path().join(LOG)).unwrap();
+        assert!(text.contains("\"mtime_nanos\":123456700"), "{text}");
+        assert_eq!(text.matches("mtime_nanos").count(), 1, "{text}");
+        let (all, corrupt) = Journal::open(dir.path()).unwrap().load_all().unwrap();
+        assert!(corrupt.is_empty());
+        assert_eq!(
+            all,
+            vec![
+                fine,
+                rec(2, UploadState::Staged),
+                rec(3, UploadState::Staged)
+            ]
+        );
     }
 
     #[tokio::test]

@@ -28,6 +28,17 @@ const CLEANUP_ROUNDS: u32 = 12;
 /// Age past which another mount's temporary parts are taken for abandoned.
 pub const FOREIGN_PARTS_AGE: Duration = Duration::from_secs(2 * 24 * 3600);
 
+/// The modification time a record keeps. Nanoseconds a record cannot have (from a damaged or
+/// hand-edited journal) are ignored rather than carried into the next second.
+fn rec_mtime(rec: &Record) -> SystemTime {
+    let nanos = if rec.mtime_nanos < 1_000_000_000 {
+        rec.mtime_nanos
+    } else {
+        0
+    };
+    SystemTime::UNIX_EPOCH + Duration::new(rec.mtime.max(0) as u64, nanos)
+}
+
 impl<S: ObjectStore> WriteBack<S> {
     /// Re-creates an item for every journal record and schedules its upload. Returns how many.
     pub async fn replay(self: &std::sync::Arc<Self>) -> Result<usize, String> {
@@ -70,7 +81,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             kept.insert(rec.id);
             self.bump_next_id(rec.id);
-            let mtime = SystemTime::UNIX_EPOCH + Duration::from_secs(rec.mtime.max(0) as u64);
+            let mtime = rec_mtime(&rec);
             let version = Version {
                 seq: 1,
                 id: rec.id,

@@ -23,7 +23,7 @@ use super::item::{Life, Shared, Version};
 use super::journal::UploadState;
 use super::upload::{upload, Outcome, UploadJob, UploadSource};
 use super::writeback::{content_type, WriteBack};
-use crate::store::{ObjectStore, Precondition, StoreErrorKind, WriteOptions, MTIME_KEY};
+use crate::store::{mtime_metadata, ObjectStore, Precondition, StoreErrorKind, WriteOptions};
 
 /// What one pass of the loop decided.
 enum Step {
@@ -110,12 +110,7 @@ impl<S: ObjectStore> WriteBack<S> {
             metadata: v.metadata.clone(),
             ..Default::default()
         };
-        let secs = v
-            .mtime
-            .duration_since(std::time::SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        opts.metadata.insert(MTIME_KEY.into(), secs.to_string());
+        opts.metadata.extend(mtime_metadata(v.mtime));
         let precondition = match &it.base {
             Some((k, g)) if *k == it.key => Precondition::GenerationMatch(*g),
             _ => Precondition::DoesNotExist,

@@ -30,7 +30,7 @@ use super::staging_pool::StagingPool;
 use super::upload::UploadConfig;
 use crate::error::{FsError, FsResult};
 use crate::namespace::SettleHook;
-use crate::store::{read_range, ObjectMeta, ObjectStore, Posix, MTIME_KEY};
+use crate::store::{read_range, ObjectMeta, ObjectStore, Posix, MTIME_KEY, MTIME_PRECISE_KEY};
 
 pub use super::item::{ItemRef, LocalAttr};
 pub use super::space::SPACE_WAIT_LIMIT;
@@ -259,7 +259,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 metadata: base
                     .map(|m| {
                         let mut md = m.metadata.clone();
+                        // The upload writes the item's own time.
                         md.remove(MTIME_KEY);
+                        md.remove(MTIME_PRECISE_KEY);
                         md
                     })
                     .unwrap_or_default(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::config::MountConfig;
 use crate::store::memory::MemoryStore;
-use crate::store::MTIME_KEY;
+use crate::store::{MTIME_KEY, MTIME_PRECISE_KEY};
 use crate::write::upload::UploadConfig;
 use crate::write::writeback::WriteConfig;
 
@@ -640,7 +640,8 @@ async fn case_folding_is_the_same_for_lookups_and_for_uniqueness() {
 async fn set_basic_info_stores_the_last_write_time_as_mtime() {
     let f = fixture(1 << 20);
     f.store.insert("photo.jpg", "jpeg");
-    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    // With a fraction of a second, as robocopy sets it (FILETIME counts 100 ns).
+    let t = SystemTime::UNIX_EPOCH + Duration::new(1_500_000_000, 123_456_700);
     let Opened { handle: h, .. } = f.vol.open(r"\photo.jpg", FILE).await.unwrap();
     let writes = f.store.counts.write.load(Ordering::SeqCst);
     let info = f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
@@ -656,12 +657,32 @@ async fn set_basic_info_stores_the_last_write_time_as_mtime() {
         meta.metadata.get(MTIME_KEY).map(String::as_str),
         Some("1500000000")
     );
+    assert_eq!(
+        meta.metadata.get(MTIME_PRECISE_KEY).map(String::as_str),
+        Some("2017-07-14T02:40:00.123456700Z")
+    );
+    assert_eq!(meta.mtime(), t);
     assert_eq!(f.object("photo.jpg").as_deref(), Some(&b"jpeg"[..]));
     assert_eq!(
         f.store.counts.write.load(Ordering::SeqCst) - writes,
         1,
         "one metadata patch, no re-upload"
     );
+    // robocopy's second run: the same time again changes nothing; a time that differs only
+    // below a second is stored, not taken for the same one.
+    let writes = f.store.counts.write.load(Ordering::SeqCst);
+    let Opened { handle: h, info, .. } = f.vol.open(r"\PHOTO.JPG", FILE).await.unwrap();
+    assert_eq!(info.last_write_time, to_filetime(t));
+    f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
+    let t2 = SystemTime::UNIX_EPOCH + Duration::new(1_500_000_000, 900_000_000);
+    let info = f.vol.set_basic_info(&h, to_filetime(t2)).await.unwrap();
+    assert_eq!(info.last_write_time, to_filetime(t2));
+    f.vol.cleanup(&h, false).await.unwrap();
+    f.vol.close(h).await;
+    f.settle().await;
+    let meta = f.store.head("photo.jpg").await.unwrap();
+    assert_eq!(meta.mtime(), t2);
+    assert_eq!(f.store.counts.write.load(Ordering::SeqCst) - writes, 1);
 }
 
 /// Every name of a directory through the adapter's loop: pages after the last name until the
