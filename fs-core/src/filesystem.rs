@@ -251,16 +251,27 @@ impl<S: ObjectStore> Filesystem<S> {
             .cloned()
             .ok_or(FsError::BadHandle)?;
         let mut stream = stream.lock().await;
-        let mut entries = self.ns.read_dir(&mut stream, offset).await?;
-        // Temporary upload parts live under the mount root's TEMP_DIR: not the user's files.
-        entries.retain(|e| {
-            e.name != TEMP_DIR
-                || self
-                    .ns
-                    .inode_path(e.attr.ino)
-                    .map_or(true, |(p, _)| p != TEMP_DIR)
-        });
-        Ok(entries)
+        let mut offset = offset;
+        loop {
+            let mut entries = self.ns.read_dir(&mut stream, offset).await?;
+            let Some(last) = entries.last().map(|e| e.offset) else {
+                return Ok(entries);
+            };
+            // Temporary upload parts live under the mount root's TEMP_DIR: not the user's files.
+            entries.retain(|e| {
+                e.name != TEMP_DIR
+                    || self
+                        .ns
+                        .inode_path(e.attr.ino)
+                        .map_or(true, |(p, _)| p != TEMP_DIR)
+            });
+            // An empty answer ends the directory for the kernel: a batch that held only the
+            // parts folder goes on to the next one (files being written come after it).
+            if !entries.is_empty() {
+                return Ok(entries);
+            }
+            offset = last;
+        }
     }
 
     /// The kernel took a reference to `ino` through `readdirplus`.

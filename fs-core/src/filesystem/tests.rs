@@ -1004,3 +1004,30 @@ async fn touch_and_chmod_of_a_file_in_the_bucket_patch_metadata_only() {
     assert_eq!(a.perm, MountConfig::new("bkt").file_mode);
     assert_eq!(writes(), before);
 }
+
+/// The kernel takes an empty `readdir` answer for the end of the directory. A page of the
+/// bucket listing that holds only the hidden parts folder must not become one: a file that
+/// exists only as a staged write (listed after the bucket's pages) would vanish from `ls`.
+/// Found by the soak: after a remount, a replayed file uploading in parts was missing.
+#[tokio::test]
+async fn a_listing_page_of_only_hidden_parts_does_not_end_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert(&format!("{TEMP_DIR}/abc/1/00000"), "part");
+    let mut wc = wcfg(dir.path(), 60_000);
+    wc.cache_dir = dir.path().join("c");
+    let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wc).unwrap();
+    write_file(&fs, ROOT_INO, "staged", b"12345").await;
+    let fh = fs.opendir(ROOT_INO).await.unwrap().fh;
+    let mut names = Vec::new();
+    let mut offset = 0;
+    // Exactly as the kernel reads: until an empty answer.
+    loop {
+        let batch = fs.readdir(fh, offset).await.unwrap();
+        let Some(last) = batch.last() else { break };
+        offset = last.offset;
+        names.extend(batch.into_iter().map(|e| e.name));
+    }
+    fs.releasedir(fh);
+    assert_eq!(names, vec![".", "..", "staged"]);
+}

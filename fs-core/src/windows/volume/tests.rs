@@ -671,7 +671,9 @@ async fn set_basic_info_stores_the_last_write_time_as_mtime() {
     // robocopy's second run: the same time again changes nothing; a time that differs only
     // below a second is stored, not taken for the same one.
     let writes = f.store.counts.write.load(Ordering::SeqCst);
-    let Opened { handle: h, info, .. } = f.vol.open(r"\PHOTO.JPG", FILE).await.unwrap();
+    let Opened {
+        handle: h, info, ..
+    } = f.vol.open(r"\PHOTO.JPG", FILE).await.unwrap();
     assert_eq!(info.last_write_time, to_filetime(t));
     f.vol.set_basic_info(&h, to_filetime(t)).await.unwrap();
     let t2 = SystemTime::UNIX_EPOCH + Duration::new(1_500_000_000, 900_000_000);
