@@ -471,6 +471,10 @@ async fn creating_many_files_in_a_folder_does_not_list_it_again_and_again() {
         cost.push((listed() - names0, lists() - lists0, heads() - heads0));
     }
     let (first, second) = (cost[0], cost[1]);
+    eprintln!(
+        "100 creates each: names listed {} then {}, LIST requests {} then {}, HEAD requests {} then {}",
+        first.0, second.0, first.1, second.1, first.2, second.2
+    );
     assert!(
         second.0 <= first.0 + 2,
         "names listed grew with the folder: {first:?} then {second:?}"
