@@ -527,39 +527,31 @@ impl<S: ObjectStore> Volume<S> {
         let name = from_windows(win_name);
         let parent_path = self.object_path(parent.ino)?;
         let shown = canonical(win_name, [to_windows(&name).as_str()]);
-        if opts.directory {
-            let attr = match self.fs.mkdir(parent.ino, &name).await {
-                Ok(attr) => attr,
-                Err(e) => {
-                    // It may have been made although the answer was lost.
-                    self.forget_listing(&parent_path);
-                    return Err(e);
-                }
-            };
-            self.listed(&parent_path, &name, &attr);
-            let info = self.info(&attr, None);
-            let handle = WinHandle {
-                ino: attr.ino,
-                kind: Kind::Dir,
-                io: tokio::sync::Mutex::new(HandleIo::default()),
-            };
-            return Ok((handle, info, shown));
-        }
-        let (attr, opened) = match self.fs.create(parent.ino, &name).await {
-            Ok(created) => created,
+        let made = if opts.directory {
+            self.fs
+                .mkdir(parent.ino, &name)
+                .await
+                .map(|attr| (attr, None))
+        } else {
+            let created = self.fs.create(parent.ino, &name).await;
+            created.map(|(attr, opened)| (attr, Some(opened.fh)))
+        };
+        let (attr, writer) = match made {
+            Ok(made) => made,
             Err(e) => {
+                // It may have been made although the answer was lost.
                 self.forget_listing(&parent_path);
                 return Err(e);
             }
         };
         self.listed(&parent_path, &name, &attr);
-        let allocation = (allocation_size > 0).then_some(allocation_size);
+        let allocation = (allocation_size > 0 && !opts.directory).then_some(allocation_size);
         let info = self.info(&attr, allocation);
         let handle = WinHandle {
             ino: attr.ino,
-            kind: Kind::File,
+            kind: attr.kind,
             io: tokio::sync::Mutex::new(HandleIo {
-                writer: Some(opened.fh),
+                writer,
                 allocation,
                 ..HandleIo::default()
             }),

@@ -57,7 +57,6 @@ impl Listing {
             fetched: Instant::now(),
         };
         for (object, win, attr) in names {
-            listing.suffixed |= win != to_windows(&object);
             let key = fold(&win);
             listing.by_object.insert(object.clone(), key.clone());
             listing
