@@ -42,6 +42,20 @@ async fn write_file(fs: &Filesystem<MemoryStore>, parent: Ino, name: &str, data:
     attr.ino
 }
 
+/// Every entry of open directory `fh`, read as the kernel reads: until an empty answer.
+async fn readdir_all(fs: &Filesystem<MemoryStore>, fh: u64) -> Vec<DirEntry> {
+    let mut entries = Vec::new();
+    let mut offset = 0;
+    loop {
+        let batch = fs.readdir(fh, offset).await.unwrap();
+        let Some(last) = batch.last() else {
+            return entries;
+        };
+        offset = last.offset;
+        entries.extend(batch);
+    }
+}
+
 pub(super) async fn read_all(fs: &Filesystem<MemoryStore>, ino: Ino) -> Vec<u8> {
     let h = fs.open(ino, OpenMode::default()).await.unwrap();
     let mut out = Vec::new();
@@ -253,14 +267,7 @@ async fn readdir_shows_files_not_yet_uploaded() {
     let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wc).unwrap();
     write_file(&fs, ROOT_INO, "new", b"12345").await;
     let fh = fs.opendir(ROOT_INO).await.unwrap().fh;
-    let mut entries = Vec::new();
-    let mut offset = 0;
-    loop {
-        let batch = fs.readdir(fh, offset).await.unwrap();
-        let Some(last) = batch.last() else { break };
-        offset = last.offset;
-        entries.extend(batch);
-    }
+    let entries = readdir_all(&fs, fh).await;
     let mut names: Vec<(String, u64)> = entries
         .iter()
         .filter(|e| !e.name.starts_with('.'))
@@ -727,10 +734,7 @@ async fn new_names_in_a_listed_directory_cost_no_requests() {
 
     let listed = fs.lookup(ROOT_INO, "listed").await.unwrap();
     let fh = fs.opendir(listed.ino).await.unwrap().fh;
-    let mut offset = 0;
-    while let Some(last) = fs.readdir(fh, offset).await.unwrap().last() {
-        offset = last.offset;
-    }
+    readdir_all(&fs, fh).await;
     let before = reads();
     assert_eq!(
         fs.lookup(listed.ino, "missing").await.unwrap_err(),
@@ -832,19 +836,12 @@ async fn symlinks_are_marked_objects_that_survive_rename() {
     // A fresh mount sees it as a link too, from a listing.
     let fresh = writable(&store, &dir.path().join("2"));
     let fh = fresh.opendir(ROOT_INO).await.unwrap().fh;
-    let mut kinds: Vec<(String, Kind)> = Vec::new();
-    let mut offset = 0;
-    loop {
-        let batch = fresh.readdir(fh, offset).await.unwrap();
-        let Some(last) = batch.last() else { break };
-        offset = last.offset;
-        kinds.extend(
-            batch
-                .into_iter()
-                .filter(|e| !e.name.starts_with('.'))
-                .map(|e| (e.name, e.attr.kind)),
-        );
-    }
+    let kinds: Vec<(String, Kind)> = readdir_all(&fresh, fh)
+        .await
+        .into_iter()
+        .filter(|e| !e.name.starts_with('.'))
+        .map(|e| (e.name, e.attr.kind))
+        .collect();
     assert!(
         kinds.contains(&("moved".to_string(), Kind::Symlink)),
         "{kinds:?}"
@@ -1019,15 +1016,11 @@ async fn a_listing_page_of_only_hidden_parts_does_not_end_the_directory() {
     let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), wc).unwrap();
     write_file(&fs, ROOT_INO, "staged", b"12345").await;
     let fh = fs.opendir(ROOT_INO).await.unwrap().fh;
-    let mut names = Vec::new();
-    let mut offset = 0;
-    // Exactly as the kernel reads: until an empty answer.
-    loop {
-        let batch = fs.readdir(fh, offset).await.unwrap();
-        let Some(last) = batch.last() else { break };
-        offset = last.offset;
-        names.extend(batch.into_iter().map(|e| e.name));
-    }
+    let names: Vec<String> = readdir_all(&fs, fh)
+        .await
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     fs.releasedir(fh);
     assert_eq!(names, vec![".", "..", "staged"]);
 }
