@@ -33,7 +33,9 @@
 //! # Modules
 //!
 //! - [`item`]: one file's state machine (working copy, pending version, life).
-//! - [`writeback`]: the engine the facade calls (open, write, commit, rename, unlink, drain).
+//! - [`writeback`]: the engine the facade calls (open, write, commit, close, drain).
+//! - [`name_changes`]: deletes and renames of files being written, and the pause that keeps
+//!   uploads out of their way (I3, I8).
 //! - [`scheduler`]: when an upload may start (write-back delay, backoff).
 //! - [`uploader`]: runs attempts and files their outcomes.
 //! - [`upload`]: one attempt against the bucket (single, composite, resumable).
@@ -47,6 +49,7 @@
 pub mod cache_dir;
 pub mod item;
 pub mod journal;
+pub mod name_changes;
 pub mod ranges;
 pub mod replay;
 pub mod scheduler;

@@ -1,0 +1,236 @@
+//! The namespace side of the write path: what a delete or a rename does to the files being
+//! written, and the pause that keeps uploads out of the way while it happens.
+//!
+//! A namespace change in the bucket (delete, copy then delete) and the uploads of the same
+//! names must never interleave, and a mount must never act on an object it did not see:
+//!
+//! - **I3, removed names stay removed.** [`WriteBack::pause`] (or [`WriteBack::pause_under`]
+//!   for a directory) stops every upload of the name, by any item, including one opened while
+//!   the change runs, and waits for an attempt in flight to end. Only then does the change
+//!   touch the bucket, and at the end it moves whichever item then holds the name: so no
+//!   upload lands under a name that was deleted or renamed away. The journal follows a rename
+//!   in the same line, so a replay uploads under the new name only, and an unlink drops the
+//!   record only after the bucket's object is gone.
+//! - **I8, nobody else's bytes are destroyed.** A mount deletes, replaces or renames over only
+//!   a generation it saw: for a file being written, an object its item owns
+//!   ([`WriteBack::owns`]: the one it was opened from, or one of its own uploads, including
+//!   one whose answer was lost); otherwise the generation the mount's own lookup or listing
+//!   found. A fresh look at the bucket past the caches only ever recognises our own uploads:
+//!   it never turns another writer's object into something we may delete or replace.
+//!   Everything else is left where it is, and our version goes beside it as a conflict copy
+//!   (the upload's precondition, the generation seen, makes that happen). See
+//!   [`crate::filesystem`]'s `changes` for the bucket side.
+
+use std::sync::Arc;
+
+use super::item::{ItemRef, Life, Shared};
+use super::journal::{Change, UploadState};
+use super::writeback::WriteBack;
+use crate::error::FsResult;
+use crate::store::{ObjectMeta, ObjectStore};
+
+/// A namespace change's hold on a name or a directory, from [`WriteBack::pause`] or
+/// [`WriteBack::pause_under`] to [`WriteBack::resume`].
+pub struct Paused {
+    key: String,
+    prefix: bool,
+    items: Vec<ItemRef>,
+}
+
+impl<S: ObjectStore> WriteBack<S> {
+    /// Waits until no upload attempt of `shared` is in flight.
+    pub(super) async fn wait_idle(shared: &Arc<Shared>) {
+        let mut rx = shared.progress.subscribe();
+        loop {
+            if !shared.item.lock().await.sched.uploading {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whether a namespace change holds `key` (or a directory above it).
+    pub(super) fn key_paused(&self, key: &str) -> bool {
+        self.paused_keys.lock().iter().any(|(k, prefix)| {
+            if *prefix {
+                key.starts_with(k.as_str())
+            } else {
+                key == k
+            }
+        })
+    }
+
+    /// Stops new upload attempts of `key` (by any item, present or made meanwhile) and waits
+    /// for any in flight to end, so a namespace change sees the bucket as the uploads left it
+    /// and no upload lands after it under the old name. Must be followed by [`Self::resume`].
+    pub async fn pause(&self, key: &str) -> Paused {
+        self.hold(key, false).await
+    }
+
+    /// [`Self::pause`] for every name under `prefix` (a directory being renamed).
+    pub async fn pause_under(&self, prefix: &str) -> Paused {
+        self.hold(prefix, true).await
+    }
+
+    async fn hold(&self, key: &str, prefix: bool) -> Paused {
+        self.paused_keys.lock().push((key.to_string(), prefix));
+        let shared: Vec<Arc<Shared>> = if prefix {
+            self.by_key
+                .lock()
+                .range(key.to_string()..)
+                .take_while(|(k, _)| k.starts_with(key))
+                .map(|(_, s)| s.clone())
+                .collect()
+        } else {
+            self.live(key).into_iter().collect()
+        };
+        let mut items = Vec::new();
+        for s in shared {
+            s.item.lock().await.sched.paused += 1;
+            Self::wait_idle(&s).await;
+            items.push(ItemRef(s));
+        }
+        Paused {
+            key: key.to_string(),
+            prefix,
+            items,
+        }
+    }
+
+    /// Ends a [`Self::pause`] or [`Self::pause_under`], and wakes every item it held back.
+    pub async fn resume(&self, paused: Paused) {
+        {
+            let mut keys = self.paused_keys.lock();
+            if let Some(i) = keys
+                .iter()
+                .position(|(k, p)| *k == paused.key && *p == paused.prefix)
+            {
+                keys.remove(i);
+            }
+        }
+        for item in &paused.items {
+            let mut it = item.0.item.lock().await;
+            it.sched.paused = it.sched.paused.saturating_sub(1);
+            self.retire_if_settled(&item.0, &mut it);
+        }
+        let woken: Vec<Arc<Shared>> = if paused.prefix {
+            self.by_key
+                .lock()
+                .range(paused.key.clone()..)
+                .take_while(|(k, _)| k.starts_with(paused.key.as_str()))
+                .map(|(_, s)| s.clone())
+                .collect()
+        } else {
+            self.live(&paused.key).into_iter().collect()
+        };
+        for s in woken.iter().chain(paused.items.iter().map(|i| &i.0)) {
+            s.wake.notify_one();
+        }
+    }
+
+    /// The file was deleted (its object, if any, is already gone from the bucket): forget its
+    /// pending version and staged data. The caller paused it first. Returns whether there was
+    /// a live item.
+    pub async fn unlink(&self, key: &str) -> FsResult<bool> {
+        let Some(shared) = self.by_key.lock().remove(key) else {
+            return Ok(false);
+        };
+        let mut it = shared.item.lock().await;
+        it.life = Life::Unlinked;
+        shared.publish(&it);
+        // Wakes an fsync waiting for this file's upload: there will be none.
+        shared.progress.send_modify(|p| p.attempts += 1);
+        if let Some(p) = it.pending.take() {
+            self.journal.remove(p.id).await?;
+            if p.id != it.work_id {
+                self.recycle(p.id);
+            }
+            if p.size >= self.cfg.upload.single_shot_threshold {
+                self.sweep_parts(p.id, None);
+            }
+        }
+        self.retire_if_settled(&shared, &mut it);
+        Ok(true)
+    }
+
+    /// The file was renamed (the bucket's object, if any, already copied): its pending upload
+    /// follows the new name. `new_base` is the bucket object now at `to`, if any; `landed` the
+    /// (CRC32C, size) of an object of ours that may be at `to` unseen (a copy whose answer was
+    /// lost). An item at `to` is replaced, in the same journal line.
+    ///
+    /// `copied_from` is the object the server-side copy was made from: the copy becomes the
+    /// file's base only if that object is a version of this file (the one it was opened from,
+    /// or one of our uploads). If someone else had replaced it, the copy is theirs, and the
+    /// pending upload must find it as a conflict, not replace it.
+    pub async fn rename(
+        self: &Arc<Self>,
+        from: &str,
+        to: &str,
+        new_base: Option<&ObjectMeta>,
+        copied_from: Option<&ObjectMeta>,
+    ) -> FsResult<()> {
+        let Some(shared) = self.live(from) else {
+            return Ok(());
+        };
+        let replaced = self.live(to).filter(|r| !Arc::ptr_eq(r, &shared));
+        let mut changes = Vec::new();
+        if let Some(old) = &replaced {
+            // Renaming over a file being written replaces it.
+            let mut o = old.item.lock().await;
+            o.life = Life::Unlinked;
+            old.progress.send_modify(|p| p.attempts += 1);
+            if let Some(p) = o.pending.take() {
+                changes.push(Change::Del(p.id));
+                if p.id != o.work_id {
+                    // Through the pool: the file stays until the removal of its record, in
+                    // the batch below, is durable.
+                    self.recycle(p.id);
+                }
+                if p.size >= self.cfg.upload.single_shot_threshold {
+                    self.sweep_parts(p.id, None);
+                }
+            }
+            self.retire_if_settled(old, &mut o);
+        }
+        let mut it = shared.item.lock().await;
+        {
+            let mut map = self.by_key.lock();
+            map.remove(from);
+            map.insert(to.to_string(), shared.clone());
+        }
+        it.key = to.to_string();
+        let adopt = match copied_from {
+            Some(src) => it.owns(src),
+            None => true,
+        };
+        if let Some(m) = new_base.filter(|_| adopt) {
+            it.base = Some((m.key.clone(), m.generation));
+        }
+        let uploaded_before = it.pending.is_none() && !it.dirty();
+        if let Some(p) = it.pending.as_mut() {
+            // A resumable session belongs to the old name; parts hold bytes, not names.
+            if let UploadState::Uploading { session_url, .. } = &mut p.progress {
+                *session_url = None;
+            }
+        }
+        if let Some(p) = it.pending.clone() {
+            changes.push(Change::Put(it.record(&p)));
+        }
+        if !changes.is_empty() {
+            self.journal.apply(Change::Batch(changes)).await?;
+        }
+        shared.publish(&it);
+        if uploaded_before && (new_base.is_none() || !adopt) {
+            // Its content was in the bucket under the old name only: upload it again here.
+            it.edits += 1;
+            let idle = it.handles == 0;
+            drop(it);
+            if idle {
+                self.commit(&ItemRef(shared.clone())).await?;
+            }
+        }
+        Ok(())
+    }
+}
