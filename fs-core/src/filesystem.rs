@@ -333,4 +333,6 @@ mod handles;
 #[cfg(test)]
 mod regressions;
 #[cfg(test)]
+mod shared_tests;
+#[cfg(test)]
 mod tests;

@@ -5,6 +5,12 @@
 //! flight, so an upload can never land under a name just deleted or renamed away (I3). The
 //! staged state changes only after the bucket did: a failed delete leaves the pending version
 //! where it was.
+//!
+//! A bucket is shared, so every delete and every copy over a name carries the generation this
+//! mount saw there (I8, see [`crate::write::name_changes`]): its own lookup's or listing's, or,
+//! for a file being written, an object the item owns. Another writer's object that the mount
+//! never saw is left as it is: `rm` of the name still succeeds here (and says so in the log),
+//! and a rename over it saves ours beside it as a conflict copy.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +25,7 @@ use crate::store::{
     mtime_metadata, ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind,
     WriteOptions, SYMLINK_KEY,
 };
+use crate::write::upload::conflict_key;
 
 impl<S: ObjectStore> Filesystem<S> {
     /// `Exists` if anything (in the bucket or being written) has the name `path`.
@@ -100,9 +107,10 @@ impl<S: ObjectStore> Filesystem<S> {
         Ok(())
     }
 
-    /// Deletes a file, with a generation precondition: a newer object written by someone else
-    /// is not deleted (`ESTALE`). A file being written is paused first; its staged data is
-    /// dropped only once the bucket's object is gone, so a failed delete loses nothing.
+    /// Deletes a file, only as the generation this mount saw: a newer object written by
+    /// someone else stays (and is shown again), and the unlink still succeeds. A file being
+    /// written is paused first; its staged data is dropped only once the bucket's object is
+    /// gone, so a failed delete loses nothing.
     pub async fn unlink(&self, parent: Ino, name: &str) -> FsResult<()> {
         let w = self.writer()?;
         let path = self.child_path(parent, name)?;
@@ -112,39 +120,52 @@ impl<S: ObjectStore> Filesystem<S> {
             .unlink_paused(&path, &key, w.item(&key).is_some())
             .await;
         w.resume(paused).await;
-        result?;
-        self.ns.note_missing(&path);
+        let left = result?;
+        if left {
+            // Another writer's object is still at the name: the next lookup finds it.
+            self.ns.forget_tree(&path);
+        } else {
+            self.ns.note_missing(&path);
+        }
         self.ns.detach(&path);
         Ok(())
     }
 
-    async fn unlink_paused(&self, path: &str, key: &str, staged: bool) -> FsResult<()> {
+    /// Returns whether another writer's object was left at the name.
+    async fn unlink_paused(&self, path: &str, key: &str, staged: bool) -> FsResult<bool> {
         let w = self.writer()?;
         w.settle_journal().await?;
-        // A file being written may have landed unseen (an answer lost): ask the bucket itself.
-        let found = if staged {
-            self.fresh_entry(path).await?
+        let (target, mut left) = if staged {
+            // A file being written may have landed unseen (an answer lost): ask the bucket
+            // itself, but delete only what is ours. The user sees the item at this name, so
+            // any other object there is one this mount never saw.
+            match self.fresh_entry(path).await? {
+                Some(Entry::Dir) => return Err(FsError::IsDir),
+                Some(Entry::File(m)) if w.owns(key, &m).await => (Some(m), false),
+                Some(Entry::File(m)) => {
+                    tracing::warn!(key = %key, generation = m.generation, "another writer's object is at the name of a file deleted here; it was never seen here and is left as it is");
+                    (None, true)
+                }
+                None => (None, false),
+            }
         } else {
             match self.ns.resolve(path).await {
-                Ok(e) => Some(e),
-                Err(FsError::NotFound) => None,
+                Ok(Entry::Dir) => return Err(FsError::IsDir),
+                Ok(Entry::File(m)) => (Some(m), false),
                 Err(e) => return Err(e),
             }
         };
-        match found {
-            Some(Entry::Dir) => return Err(FsError::IsDir),
-            Some(Entry::File(m)) => match self.delete_checked(&m).await {
-                Ok(()) => {}
+        if let Some(m) = target {
+            match self.delete_checked(&m).await {
+                Ok(deleted) => left |= !deleted,
                 Err(e) => {
                     self.ns.forget_tree(path);
                     return Err(e);
                 }
-            },
-            None if staged => {}
-            None => return Err(FsError::NotFound),
+            }
         }
         w.unlink(key).await?;
-        Ok(())
+        Ok(left)
     }
 
     /// The object at `path` as the bucket has it now, past every cache (`None`: none). Used
@@ -210,15 +231,30 @@ impl<S: ObjectStore> Filesystem<S> {
         let (src_key, dst_key) = (src_key.to_string(), dst_key.to_string());
         let src_local = w.item(&src_key).is_some();
         let dst_local = w.item(&dst_key).is_some();
+        // The source: for a file being written, only an object of its own (anything else at
+        // the name is another writer's, never seen here, and stays where it is).
+        let mut left_at_src = false;
         let src_meta = match self.file_meta(from, src_local).await? {
-            Some(Entry::File(m)) => Some(m),
             Some(Entry::Dir) => return Err(FsError::IsDir),
+            Some(Entry::File(m)) if !src_local || w.owns(&src_key, &m).await => Some(m),
+            Some(Entry::File(m)) => {
+                tracing::warn!(key = %src_key, generation = m.generation, "another writer's object is at the name of a file renamed here; it was never seen here and is left as it is");
+                left_at_src = true;
+                None
+            }
             None => None,
         };
-        let dst_meta = match self.file_meta(to, dst_local).await? {
-            Some(Entry::File(m)) => Some(m),
+        // The target: the generation this mount saw there, which is all a rename may replace.
+        let dst_seen = match self.file_meta(to, dst_local).await? {
             Some(Entry::Dir) => return Err(FsError::IsDir),
-            None => None,
+            Some(Entry::File(m)) if !dst_local => Some(m.generation),
+            found => {
+                let fresh = match &found {
+                    Some(Entry::File(m)) => Some(m.as_ref()),
+                    _ => None,
+                };
+                w.seen_generation(&dst_key, fresh).await
+            }
         };
         if src_meta.is_none() && !src_local {
             return Err(FsError::NotFound);
@@ -233,29 +269,75 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         match &src_meta {
             Some(m) => {
-                let pre = dst_meta.as_ref().map_or(Precondition::DoesNotExist, |d| {
-                    Precondition::GenerationMatch(d.generation)
-                });
-                let copied = self.copy_checked(m, &dst_key, pre).await?;
-                self.delete_checked(m).await?;
+                let pre =
+                    dst_seen.map_or(Precondition::DoesNotExist, Precondition::GenerationMatch);
+                let copied = match self.copy_checked(m, &dst_key, pre).await {
+                    Ok(c) => c,
+                    Err(FsError::Stale) => {
+                        return self.rename_beside(from, to, m, &src_key, &dst_key).await;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let src_gone = self.delete_checked(m).await?;
+                left_at_src |= !src_gone;
                 // Whatever item holds the source now moves (one may have been made during the
                 // pause); without one, an item of the replaced target goes.
                 if w.item(&src_key).is_some() {
-                    w.rename(&src_key, &dst_key, Some(&copied), Some(m)).await?;
+                    w.rename(&src_key, &dst_key, Some(copied.generation), Some(m))
+                        .await?;
                 } else {
                     w.unlink(&dst_key).await?;
                 }
                 self.ns.note(to, Entry::File(Arc::new(copied)));
             }
             None => {
-                // Only staged so far: the pending upload follows the new name, replacing what
-                // is there now.
-                w.rename(&src_key, &dst_key, dst_meta.as_deref(), None)
-                    .await?;
+                // Only staged so far: the pending upload follows the new name, replacing only
+                // what this mount saw there (else it is saved beside it as a conflict copy).
+                w.rename(&src_key, &dst_key, dst_seen, None).await?;
                 self.ns.forget_tree(to);
             }
         }
-        self.ns.note_missing(from);
+        if left_at_src {
+            self.ns.forget_tree(from);
+        } else {
+            self.ns.note_missing(from);
+        }
+        Ok(())
+    }
+
+    /// A rename whose target holds an object this mount never saw (someone else wrote it): it
+    /// stays, and the source goes beside it as a conflict copy of the target's name. The
+    /// rename succeeds for the user: the source name is gone, and nothing is lost.
+    async fn rename_beside(
+        &self,
+        from: &str,
+        to: &str,
+        src: &ObjectMeta,
+        src_key: &str,
+        dst_key: &str,
+    ) -> FsResult<()> {
+        let w = self.writer()?;
+        let saved_path = conflict_key(to, SystemTime::now());
+        let saved_key = self.ns.key_of(&saved_path);
+        tracing::error!(key = %dst_key, saved_as = %saved_key, "conflict: another writer's object is at the target of a rename; it is left as it is and the renamed file was saved beside it");
+        let copied = self
+            .copy_checked(src, &saved_key, Precondition::DoesNotExist)
+            .await?;
+        let src_gone = self.delete_checked(src).await?;
+        if w.item(src_key).is_some() {
+            w.rename(src_key, &saved_key, Some(copied.generation), Some(src))
+                .await?;
+        }
+        // The user's own file at the target, if any, was replaced by the rename.
+        w.unlink(dst_key).await?;
+        w.note_conflict();
+        self.ns.note(&saved_path, Entry::File(Arc::new(copied)));
+        self.ns.forget_tree(to);
+        if src_gone {
+            self.ns.note_missing(from);
+        } else {
+            self.ns.forget_tree(from);
+        }
         Ok(())
     }
 
@@ -272,21 +354,25 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// Deletes the object `m` (that generation only). A failure is checked before it is
-    /// believed: when a try landed and only its answer was lost, the object is gone, and that
-    /// is success.
-    async fn delete_checked(&self, m: &ObjectMeta) -> FsResult<()> {
+    /// Deletes the object `m` (that generation only). Returns false when the name holds a
+    /// newer object someone else wrote, which is left as it is (I8). A failure is checked
+    /// before it is believed: when a try landed and only its answer was lost, the object is
+    /// gone, and that is success.
+    async fn delete_checked(&self, m: &ObjectMeta) -> FsResult<bool> {
         let store = self.ns.store();
         match store
             .delete(&m.key, Precondition::GenerationMatch(m.generation))
             .await
         {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(()),
-            // Someone else replaced it: not ours to delete.
-            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => Err(FsError::Stale),
+            Ok(()) => Ok(true),
+            Err(e) if e.kind == StoreErrorKind::NotFound => Ok(true),
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {
+                tracing::warn!(key = %m.key, generation = m.generation, "another writer replaced the object since it was seen here; the newer object is left as it is");
+                Ok(false)
+            }
             Err(e) if e.is_retryable() => match store.head(&m.key).await {
-                Err(h) if h.kind == StoreErrorKind::NotFound => Ok(()),
+                Err(h) if h.kind == StoreErrorKind::NotFound => Ok(true),
+                Ok(h) if h.generation != m.generation => Ok(false),
                 _ => Err(e.into()),
             },
             Err(e) => Err(e.into()),
@@ -367,7 +453,24 @@ impl<S: ObjectStore> Filesystem<S> {
         let mut copied: HashMap<String, ObjectMeta> = HashMap::new();
         for o in &objects {
             let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
-            match self.copy_checked(o, &dest, Precondition::None).await {
+            // The target was empty or absent: anything under it now is another writer's, never
+            // seen here, and is not replaced (I8). Only the marker of an empty target may be.
+            let pre = if target_existed && dest == dst_prefix {
+                Precondition::None
+            } else {
+                Precondition::DoesNotExist
+            };
+            let result = match self.copy_checked(o, &dest, pre).await {
+                Err(FsError::Stale) => {
+                    let saved_as = conflict_key(&dest, SystemTime::now());
+                    tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
+                    w.note_conflict();
+                    self.copy_checked(o, &saved_as, Precondition::DoesNotExist)
+                        .await
+                }
+                other => other,
+            };
+            match result {
                 Ok(meta) => {
                     copied.insert(o.key.clone(), meta);
                 }
@@ -399,7 +502,12 @@ impl<S: ObjectStore> Filesystem<S> {
         for (key, _) in w.local_under(&src_prefix) {
             let dest = format!("{dst_prefix}{}", &key[src_prefix.len()..]);
             let src = objects.iter().find(|o| o.key == key);
-            w.rename(&key, &dest, copied.get(&key), src).await?;
+            // A file whose object went beside another writer's follows it there.
+            let (dest, generation) = match copied.get(&key) {
+                Some(m) => (m.key.clone(), Some(m.generation)),
+                None => (dest, None),
+            };
+            w.rename(&key, &dest, generation, src).await?;
         }
         if !copied.contains_key(&src_prefix) {
             // Keep the new directory visible even if nothing of it is in the bucket yet.

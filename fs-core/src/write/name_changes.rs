@@ -130,6 +130,34 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
+    /// Counts a conflict copy a namespace change made (in the status counters and metrics).
+    pub fn note_conflict(&self) {
+        self.counters.record_conflict();
+    }
+
+    /// Whether `m` is a version of the file being written at `key` (the object it was opened
+    /// from, or one of its own uploads, including one whose answer was lost): the only objects
+    /// at that name this mount has seen, since its user sees the item there, not the bucket.
+    /// False when no file is being written there.
+    pub async fn owns(&self, key: &str, m: &ObjectMeta) -> bool {
+        match self.live(key) {
+            Some(s) => s.item.lock().await.owns(m),
+            None => false,
+        }
+    }
+
+    /// The generation this mount saw at `key`, where a file is being written: `fresh` (the
+    /// bucket's object now) if the item owns it, else the object the item was opened from if
+    /// it was opened at this name. None: it saw no object there.
+    pub async fn seen_generation(&self, key: &str, fresh: Option<&ObjectMeta>) -> Option<i64> {
+        let shared = self.live(key)?;
+        let it = shared.item.lock().await;
+        match fresh {
+            Some(m) if it.owns(m) => Some(m.generation),
+            _ => it.base.as_ref().filter(|(k, _)| k == key).map(|(_, g)| *g),
+        }
+    }
+
     /// The file was deleted (its object, if any, is already gone from the bucket): forget its
     /// pending version and staged data. The caller paused it first. Returns whether there was
     /// a live item.
@@ -156,9 +184,10 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// The file was renamed (the bucket's object, if any, already copied): its pending upload
-    /// follows the new name. `new_base` is the bucket object now at `to`, if any; `landed` the
-    /// (CRC32C, size) of an object of ours that may be at `to` unseen (a copy whose answer was
-    /// lost). An item at `to` is replaced, in the same journal line.
+    /// follows the new name. `new_base` is the generation at `to` that this mount saw (None: it
+    /// saw no object there): the upload replaces only that one, so an object someone else put
+    /// there unseen meets it as a conflict (I8). An item at `to` is replaced, in the same
+    /// journal line.
     ///
     /// `copied_from` is the object the server-side copy was made from: the copy becomes the
     /// file's base only if that object is a version of this file (the one it was opened from,
@@ -168,7 +197,7 @@ impl<S: ObjectStore> WriteBack<S> {
         self: &Arc<Self>,
         from: &str,
         to: &str,
-        new_base: Option<&ObjectMeta>,
+        new_base: Option<i64>,
         copied_from: Option<&ObjectMeta>,
     ) -> FsResult<()> {
         let Some(shared) = self.live(from) else {
@@ -205,8 +234,10 @@ impl<S: ObjectStore> WriteBack<S> {
             Some(src) => it.owns(src),
             None => true,
         };
-        if let Some(m) = new_base.filter(|_| adopt) {
-            it.base = Some((m.key.clone(), m.generation));
+        // Without a generation at `to`, the base stays at the old name, where it still serves
+        // bytes the file lacks, and the upload must find no object at `to`.
+        if let Some(g) = new_base.filter(|_| adopt) {
+            it.base = Some((to.to_string(), g));
         }
         let uploaded_before = it.pending.is_none() && !it.dirty();
         if let Some(p) = it.pending.as_mut() {

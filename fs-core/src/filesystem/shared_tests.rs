@@ -1,0 +1,229 @@
+//! A shared bucket: two mounts of one bucket (each with its own cache directory, as two
+//! machines have) and another tool writing straight to the bucket, against `MemoryStore`.
+//! Each test is a case users hit, and asserts what the bucket holds afterwards (I8: a mount
+//! deletes, replaces or renames over only a generation it saw; I9: every acknowledged version
+//! of every mount survives, as the object or as a conflict copy).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::namespace::ROOT_INO;
+use crate::store::memory::MemoryStore;
+use crate::store::{ObjectStore, Precondition};
+use crate::write::upload::UploadConfig;
+
+/// Uploads wait this long after a close: "its upload waits".
+const LATER: Duration = Duration::from_secs(3600);
+
+fn machine(
+    store: &Arc<MemoryStore>,
+    dir: &std::path::Path,
+    name: &str,
+    delay: Duration,
+) -> Filesystem<MemoryStore> {
+    let mut w = WriteConfig::new(dir.join(name));
+    w.write_back_delay = delay;
+    w.retry_initial = Duration::from_millis(5);
+    w.retry_max = Duration::from_millis(20);
+    w.upload = UploadConfig {
+        single_shot_threshold: 64 * 1024,
+        part_size: 16 * 1024,
+        ..UploadConfig::default()
+    };
+    Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap()
+}
+
+async fn save(fs: &Filesystem<MemoryStore>, parent: Ino, name: &str, data: &[u8]) -> Ino {
+    let (attr, h) = fs.create(parent, name).await.unwrap();
+    fs.write(h.fh, 0, data).await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    attr.ino
+}
+
+/// Every object's bytes whose key starts with `prefix`, conflict copies included.
+fn objects_like(store: &MemoryStore, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    store
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with(prefix))
+        .map(|k| {
+            let data = store.object_bytes(&k).unwrap_or_default().to_vec();
+            (k, data)
+        })
+        .collect()
+}
+
+fn conflicts_of(store: &MemoryStore, key: &str) -> Vec<Vec<u8>> {
+    objects_like(store, &format!("{key}.conflict-"))
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// Case 1: machine 1 writes `r` (its upload waits), machine 2 writes `r` and it lands, machine
+/// 1 removes its own `r`. The rm succeeds, machine 2's object stays, and nothing of machine
+/// 1's is uploaded.
+#[tokio::test]
+async fn rm_of_a_staged_file_leaves_the_other_machines_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let m1 = machine(&store, dir.path(), "m1", LATER);
+    let m2 = machine(&store, dir.path(), "m2", Duration::ZERO);
+    save(&m1, ROOT_INO, "r", b"machine one").await;
+    save(&m2, ROOT_INO, "r", b"machine two").await;
+    assert_eq!(m2.drain(false).await, 0);
+    assert_eq!(store.object_bytes("r").unwrap(), &b"machine two"[..]);
+
+    m1.unlink(ROOT_INO, "r").await.expect("rm succeeds");
+    assert_eq!(
+        m1.drain(false).await,
+        0,
+        "nothing of machine 1's r is pending"
+    );
+    assert_eq!(
+        objects_like(&store, "r"),
+        vec![("r".to_string(), b"machine two".to_vec())],
+        "machine 2's object is untouched and nothing else was written"
+    );
+    // The name shows what the bucket has: machine 2's file.
+    let attr = m1
+        .lookup(ROOT_INO, "r")
+        .await
+        .expect("r is machine 2's now");
+    assert_eq!(attr.size, 11);
+}
+
+/// `rm` of a file this mount saw at one generation, replaced since by another tool: the newer
+/// object is not deleted, and the rm still succeeds.
+#[tokio::test]
+async fn rm_of_a_replaced_object_leaves_the_newer_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("x", &b"old"[..]);
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    m1.lookup(ROOT_INO, "x").await.unwrap();
+    store.insert("x", &b"newer, by gsutil"[..]);
+    m1.unlink(ROOT_INO, "x").await.expect("rm succeeds");
+    assert_eq!(store.object_bytes("x").unwrap(), &b"newer, by gsutil"[..]);
+    // And an rm of what it did see deletes it.
+    m1.lookup(ROOT_INO, "x").await.unwrap();
+    m1.unlink(ROOT_INO, "x").await.unwrap();
+    assert!(store.object_bytes("x").is_none());
+}
+
+/// Case 2: machine 1 writes `doc` (its upload waits), machine 2 writes `doc` and it lands,
+/// machine 1 saves as editors do (write `doc.tmp`, rename it over `doc`). Both versions
+/// survive: machine 2's as the object, machine 1's save beside it as a conflict copy.
+#[tokio::test]
+async fn an_editor_save_over_an_unseen_version_keeps_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let m1 = machine(&store, dir.path(), "m1", LATER);
+    let m2 = machine(&store, dir.path(), "m2", Duration::ZERO);
+    save(&m1, ROOT_INO, "doc", b"one, first draft").await;
+    save(&m2, ROOT_INO, "doc", b"two").await;
+    assert_eq!(m2.drain(false).await, 0);
+    save(&m1, ROOT_INO, "doc.tmp", b"one, saved").await;
+    m1.rename(ROOT_INO, "doc.tmp", ROOT_INO, "doc")
+        .await
+        .unwrap();
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(store.object_bytes("doc").unwrap(), &b"two"[..]);
+    assert_eq!(conflicts_of(&store, "doc"), vec![b"one, saved".to_vec()]);
+    assert!(store.object_bytes("doc.tmp").is_none());
+}
+
+/// The same save when both machine 1's files were already uploaded, and its view of `doc` is
+/// the generation it uploaded: the server-side copy over `doc` must not replace machine 2's
+/// newer object.
+#[tokio::test]
+async fn a_rename_copy_over_an_unseen_version_goes_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    save(&m1, ROOT_INO, "doc", b"one, first draft").await;
+    save(&m1, ROOT_INO, "doc.tmp", b"one, saved").await;
+    assert_eq!(m1.drain(false).await, 0);
+    m1.lookup(ROOT_INO, "doc").await.unwrap();
+    store.insert("doc", &b"two"[..]);
+    m1.rename(ROOT_INO, "doc.tmp", ROOT_INO, "doc")
+        .await
+        .unwrap();
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(store.object_bytes("doc").unwrap(), &b"two"[..]);
+    assert_eq!(conflicts_of(&store, "doc"), vec![b"one, saved".to_vec()]);
+    assert!(store.object_bytes("doc.tmp").is_none());
+}
+
+/// A staged file renamed away from a name where another writer's object landed meanwhile:
+/// that object stays at its name (it is not carried along to the target).
+#[tokio::test]
+async fn renaming_a_staged_file_leaves_the_other_object_at_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let m1 = machine(&store, dir.path(), "m1", LATER);
+    save(&m1, ROOT_INO, "a", b"ours").await;
+    store.insert("a", &b"theirs"[..]);
+    m1.rename(ROOT_INO, "a", ROOT_INO, "b").await.unwrap();
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(store.object_bytes("a").unwrap(), &b"theirs"[..]);
+    assert_eq!(store.object_bytes("b").unwrap(), &b"ours"[..]);
+}
+
+/// A directory renamed onto a name where another writer put a file meanwhile (this mount had
+/// seen no such directory): the other file is not replaced; ours goes beside it.
+#[tokio::test]
+async fn a_directory_rename_does_not_replace_an_unseen_object_under_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("d/f", &b"ours"[..]);
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    assert!(matches!(
+        m1.lookup(ROOT_INO, "e").await,
+        Err(FsError::NotFound)
+    ));
+    store.insert("e/f", &b"theirs"[..]);
+    m1.lookup(ROOT_INO, "d").await.unwrap();
+    m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.unwrap();
+    assert_eq!(store.object_bytes("e/f").unwrap(), &b"theirs"[..]);
+    assert_eq!(conflicts_of(&store, "e/f"), vec![b"ours".to_vec()]);
+    assert!(store.object_bytes("d/f").is_none());
+}
+
+/// Two machines saving one new file at once: the object plus one conflict copy.
+#[tokio::test]
+async fn two_machines_saving_one_new_file_leave_the_object_and_a_conflict_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    let m2 = machine(&store, dir.path(), "m2", Duration::ZERO);
+    save(&m1, ROOT_INO, "n", b"one").await;
+    save(&m2, ROOT_INO, "n", b"two").await;
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(m2.drain(false).await, 0);
+    let mut all: Vec<Vec<u8>> = objects_like(&store, "n")
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    all.sort();
+    assert_eq!(all, vec![b"one".to_vec(), b"two".to_vec()]);
+    assert_eq!(conflicts_of(&store, "n").len(), 1);
+}
+
+/// The outside writer deletes the object a staged rename copies from: the rename fails
+/// cleanly, and nothing of anyone's is lost.
+#[tokio::test]
+async fn a_rename_whose_source_was_deleted_elsewhere_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("s", &b"seen"[..]);
+    store.insert("t", &b"target"[..]);
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    m1.lookup(ROOT_INO, "s").await.unwrap();
+    m1.lookup(ROOT_INO, "t").await.unwrap();
+    store.delete("s", Precondition::None).await.unwrap();
+    assert!(m1.rename(ROOT_INO, "s", ROOT_INO, "t").await.is_err());
+    assert_eq!(store.object_bytes("t").unwrap(), &b"target"[..]);
+}
