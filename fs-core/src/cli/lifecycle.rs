@@ -157,6 +157,14 @@ pub fn finish<S: ObjectStore>(rt: Runtime, fs: &Filesystem<S>, skip_drain: bool)
             "uploads failed; the files stay staged and will be uploaded at the next mount"
         );
     }
+    let held = rt.block_on(fs.write_status());
+    if held.held_files > 0 {
+        tracing::error!(
+            files = held.held_files,
+            bytes = held.held_bytes,
+            "files whose last changes were not saved (a write to them or their last close failed) stay staged and are not uploaded; the bucket keeps their last whole version"
+        );
+    }
     rt.shutdown_timeout(Duration::from_secs(5));
 }
 

@@ -67,6 +67,14 @@ pub fn after_unmount(last: Option<Status>, no_wait: bool) -> Result<(), String> 
             mib(s.pending_bytes)
         );
     }
+    if s.held_files > 0 {
+        eprintln!(
+            "{} files ({:.1} MiB) were not saved: a write to them or their last close failed, so \
+             the bucket keeps their last whole version; their changes stay staged, not uploaded",
+            s.held_files,
+            mib(s.held_bytes)
+        );
+    }
     if !no_wait && s.failed_files > 0 {
         return Err(format!(
             "unmounted, but {} files ({:.1} MiB) could not be uploaded; they stay staged and \
@@ -151,4 +159,11 @@ pub fn print_status(s: &Status, rate: Option<f64>) {
     }
     println!("conflicts: {}", s.conflicts);
     println!("failures:  {}", s.failures);
+    if s.held_files > 0 {
+        println!(
+            "not saved: {} files, {:.1} MiB (a write or the last close failed: kept staged, not uploaded)",
+            s.held_files,
+            mib(s.held_bytes)
+        );
+    }
 }

@@ -83,7 +83,9 @@ impl<S: ObjectStore> Filesystem<S> {
     ) -> FsResult<ItemRef> {
         let w = self.writer()?;
         if let Some(item) = w.open_existing(key).await {
-            if truncate && w.size(&item) > 0 {
+            // A held file (a write to it failed) is emptied too: rewriting it whole is what
+            // releases it.
+            if truncate && (w.size(&item) > 0 || w.is_held(&item).await) {
                 if let Err(e) = w.truncate(&item, 0).await {
                     w.release(&item).await;
                     return Err(e);

@@ -227,3 +227,186 @@ async fn a_rename_whose_source_was_deleted_elsewhere_loses_nothing() {
     assert!(m1.rename(ROOT_INO, "s", ROOT_INO, "t").await.is_err());
     assert_eq!(store.object_bytes("t").unwrap(), &b"target"[..]);
 }
+
+fn machine_with_cap(
+    store: &Arc<MemoryStore>,
+    dir: &std::path::Path,
+    name: &str,
+    cap: u64,
+) -> Filesystem<MemoryStore> {
+    let mut w = WriteConfig::new(dir.join(name));
+    w.write_back_delay = Duration::ZERO;
+    w.retry_initial = Duration::from_millis(5);
+    w.retry_max = Duration::from_millis(20);
+    w.cache_size = Some(cap);
+    w.upload = UploadConfig {
+        single_shot_threshold: 64 * 1024,
+        part_size: 16 * 1024,
+        ..UploadConfig::default()
+    };
+    Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap()
+}
+
+/// Case 3: `cp` of a file over an existing object on a mount whose `--cache-size` is smaller
+/// than the file. A write fails with ENOSPC, and so does the close; the bucket keeps the whole
+/// old object, and nothing of the failed copy is ever uploaded (I10), even after the last
+/// release. The file shows as not saved, and rewriting it whole (once it fits) saves it.
+#[tokio::test]
+async fn a_copy_that_fails_for_space_never_replaces_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    store.insert("big", old.clone());
+    let fs = machine_with_cap(&store, dir.path(), "m1", 100_000);
+    let attr = fs.lookup(ROOT_INO, "big").await.unwrap();
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: true,
+            },
+        )
+        .await
+        .unwrap();
+    let mut failed = None;
+    for (i, chunk) in vec![7u8; 200_000].chunks(16_384).enumerate() {
+        if let Err(e) = fs.write(h.fh, (i * 16_384) as u64, chunk).await {
+            failed = Some(e);
+            break;
+        }
+    }
+    assert_eq!(failed, Some(FsError::NoSpace), "a write fails for space");
+    assert_eq!(
+        fs.flush(h.fh).await,
+        Err(FsError::NoSpace),
+        "and so does close"
+    );
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(
+        store.object_bytes("big").unwrap(),
+        old,
+        "the object is the whole old version"
+    );
+    let s = fs.write_status().await;
+    assert_eq!((s.held_files, s.pending_files), (1, 0), "{s:?}");
+    // Another close of the same file (a new handle, no new write) saves nothing either.
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(fs.flush(h.fh).await.is_err());
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("big").unwrap(), old);
+
+    // `cp` again, of a file that fits: it is saved whole.
+    let new = vec![9u8; 60_000];
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: true,
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 0, &new).await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("big").unwrap(), new);
+    assert_eq!(fs.write_status().await.held_files, 0);
+}
+
+/// A file opened from the bucket and partly rewritten, whose untouched bytes cannot be fetched
+/// at close (the bucket is unreachable): the close fails, and the edit is never uploaded,
+/// neither then nor when the bucket is back (I10). An earlier acknowledged version still is.
+#[tokio::test]
+async fn a_close_that_could_not_fetch_its_missing_bytes_uploads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old = vec![1u8; 100_000];
+    store.insert("f", old.clone());
+    let fs = machine(&store, dir.path(), "m1", Duration::ZERO);
+    let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 10, b"edit").await.unwrap();
+    store.set_offline(true);
+    assert!(fs.flush(h.fh).await.is_err(), "the close fails");
+    fs.release(h.fh).await;
+    store.set_offline(false);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(
+        store.object_bytes("f").unwrap(),
+        old,
+        "the old version stays whole"
+    );
+    assert_eq!(fs.write_status().await.held_files, 1);
+    // Saved again by the user, with the bucket back: now it is uploaded, whole.
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .await
+        .unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    let mut edited = old.clone();
+    edited[10..14].copy_from_slice(b"edit");
+    assert_eq!(store.object_bytes("f").unwrap(), edited);
+    assert_eq!(fs.write_status().await.held_files, 0);
+}
+
+/// Another writer replaces the object between our open and our close; our partial edit needs
+/// bytes of the generation that is gone. It is not uploaded (it would mix bytes no version
+/// had), not silently dropped: it stays staged and shows as not saved.
+#[tokio::test]
+async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", vec![1u8; 100_000]);
+    let fs = machine(&store, dir.path(), "m1", Duration::ZERO);
+    let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 10, b"edit").await.unwrap();
+    store.insert("f", vec![2u8; 50_000]);
+    assert!(fs.flush(h.fh).await.is_err());
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);
+    assert!(conflicts_of(&store, "f").is_empty());
+    assert_eq!(fs.write_status().await.held_files, 1);
+}

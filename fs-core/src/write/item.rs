@@ -22,6 +22,14 @@
 //!   no copy, because the version is only the first `size` bytes of the file.
 //! - Uploads read only the version, so a writer never waits for an upload and an upload never
 //!   sees a half-written file.
+//! - **Held** (I10): once a write, a truncate or the fsync of a commit fails (a full cache, a
+//!   disk error), the working copy may be missing something the user wrote, and no commit is
+//!   made of it any more: nothing of it is uploaded, so the object keeps its last whole version
+//!   (an earlier acknowledged version still uploads). It stays staged and is reported as not
+//!   saved, until the whole file is rewritten (truncated to nothing, as `cp` and editors do),
+//!   deleted or renamed over. A commit that fails for another reason (bytes of the base that
+//!   could not be fetched) holds nothing, but is never retried in the background either: the
+//!   user was told the close failed, so only a later close or fsync may save those changes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -33,6 +41,7 @@ use tokio::sync::watch;
 use super::journal::{Record, UploadState};
 use super::scheduler::Sched;
 use super::staging::StagingFile;
+use crate::error::FsError;
 use crate::store::Posix;
 
 /// Size and modification time of a file being written, which override the bucket's.
@@ -96,6 +105,9 @@ pub(super) struct Item {
     pub handles: u32,
     pub life: Life,
     pub sched: Sched,
+    /// Why the working copy is held: a change to it failed since the last commit (see the
+    /// module doc). Its changes are never committed while this is set.
+    pub held: Option<FsError>,
 }
 
 /// How many possibly-landed versions an item remembers.
@@ -106,14 +118,9 @@ impl Item {
         self.edits != self.committed
     }
 
-    /// Changed, and no handle left to commit the changes: the item's task must.
-    pub fn unsaved_orphan(&self) -> bool {
-        self.life == Life::Live && self.handles == 0 && self.dirty()
-    }
-
-    /// Whether the item's task has work: a version to upload, or changes to save.
+    /// Whether the item's task has work: a version to upload.
     pub fn has_work(&self) -> bool {
-        self.life == Life::Live && (self.pending.is_some() || self.unsaved_orphan())
+        self.life == Life::Live && self.pending.is_some()
     }
 
     /// Bytes this item keeps on the cache disk.

@@ -108,6 +108,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 handles: 0,
                 life: Life::Live,
                 sched: Sched::default(),
+                held: None,
             };
             item.sched.due_in(Duration::ZERO);
             let shared = Shared::new(item);

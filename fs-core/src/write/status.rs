@@ -97,4 +97,11 @@ pub struct Status {
     /// Versions whose staged bytes vanished from the cache directory.
     #[serde(default)]
     pub lost_files: u64,
+    /// Files with changes that nothing will upload: a write to them failed (they stay so until
+    /// rewritten whole), or their last close failed and no handle is left. The bucket keeps
+    /// their last whole version; the changes stay staged.
+    #[serde(default)]
+    pub held_files: u64,
+    #[serde(default)]
+    pub held_bytes: u64,
 }

@@ -32,8 +32,6 @@ enum Step {
     /// Not yet time (or paused): wait to be woken, or until this instant.
     Wait(Option<tokio::time::Instant>),
     Upload(Box<Prepared>),
-    /// Save changes left by handles whose last commit failed.
-    Commit,
 }
 
 struct Prepared {
@@ -82,7 +80,6 @@ impl<S: ObjectStore> WriteBack<S> {
                     };
                     self.attempt(&shared, *p, slot).await
                 }
-                Step::Commit => self.commit_orphan(&shared).await,
             }
         }
     }
@@ -102,8 +99,8 @@ impl<S: ObjectStore> WriteBack<S> {
             None => return Step::Wait(None),
             Some(_) => {}
         }
-        let Some(v) = it.pending.clone().filter(|_| !it.unsaved_orphan()) else {
-            return Step::Commit;
+        let Some(v) = it.pending.clone() else {
+            return Step::Wait(None);
         };
         let mut opts = WriteOptions {
             content_type: Some(content_type(&it.key)),
@@ -303,26 +300,6 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         self.retire_if_settled(shared, &mut it);
-        drop(it);
-        self.finish_attempt(shared);
-    }
-
-    /// Saves changes whose handles are all gone (their last commit failed). A failure backs
-    /// off; changes whose base object vanished can never be completed and are dropped.
-    async fn commit_orphan(self: &Arc<Self>, shared: &Arc<Shared>) {
-        let result = self.commit(&super::item::ItemRef(shared.clone())).await;
-        let mut it = shared.item.lock().await;
-        match result {
-            Ok(()) => it.sched.succeeded(),
-            Err(crate::error::FsError::Stale) | Err(crate::error::FsError::NotFound) => {
-                tracing::error!(key = %it.key, "changes to a file whose object was replaced or deleted meanwhile could not be completed; they are dropped");
-                it.committed = it.edits;
-            }
-            Err(e) => {
-                let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
-                tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "could not save a file's last changes yet");
-            }
-        }
         drop(it);
         self.finish_attempt(shared);
     }

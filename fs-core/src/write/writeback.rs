@@ -226,7 +226,7 @@ impl<S: ObjectStore> WriteBack<S> {
             if let Some(item) = self.open_existing(key).await {
                 if truncate {
                     let mut it = item.0.item.lock().await;
-                    if it.work.size() > 0 {
+                    if it.work.size() > 0 || it.held.is_some() {
                         if let Err(e) = self.truncate_locked(&item.0, &mut it, 0).await {
                             drop(it);
                             self.release(&item).await;
@@ -268,6 +268,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 handles: 1,
                 life: Life::Live,
                 sched: Sched::default(),
+                held: None,
             };
             let shared = Shared::new(item);
             {
@@ -459,7 +460,36 @@ impl<S: ObjectStore> WriteBack<S> {
 
     pub async fn write(&self, item: &ItemRef, offset: u64, data: &[u8]) -> FsResult<()> {
         let mut it = item.0.item.lock().await;
-        self.settle_forgotten(&mut it).await?;
+        let result = self.write_locked(&item.0, &mut it, offset, data).await;
+        Self::hold_on_failure(&mut it, &result);
+        result
+    }
+
+    /// A change to the working copy failed (a write, a truncate, the fsync of a commit): what
+    /// the user wrote may be missing from it, so it must never be committed (I10). It stays
+    /// staged, reported as not saved, until it is rewritten whole.
+    fn hold_on_failure(it: &mut Item, result: &FsResult<()>) {
+        if let Err(e) = result {
+            if it.held.is_none() && it.life == Life::Live {
+                tracing::error!(key = %it.key, error = %e, "a change to the file failed: its changes since the last good save are kept staged and will not be uploaded; the bucket keeps its last whole version");
+            }
+            it.held.get_or_insert_with(|| e.clone());
+        }
+    }
+
+    /// Whether the item's working copy is held (see [`Self::hold_on_failure`]).
+    pub async fn is_held(&self, item: &ItemRef) -> bool {
+        item.0.item.lock().await.held.is_some()
+    }
+
+    async fn write_locked(
+        &self,
+        shared: &Shared,
+        it: &mut Item,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<()> {
+        self.settle_forgotten(it).await?;
         let end = it.work.size().max(offset + data.len() as u64);
         // Would this change bytes of the pending version, kept in the same file? Then the
         // version stays as it is and the write goes to a copy (charged for up front).
@@ -475,16 +505,16 @@ impl<S: ObjectStore> WriteBack<S> {
         } else {
             0
         };
-        self.reserve_bytes(&item.0, it.staged_bytes(end) + kept_apart)
+        self.reserve_bytes(shared, it.staged_bytes(end) + kept_apart)
             .await?;
         if copy {
             let size = it.work.size();
-            self.copy_on_write(&mut it, size).await?;
+            self.copy_on_write(it, size).await?;
         }
         it.work.write_at(offset, data)?;
         it.edits += 1;
         it.mtime = SystemTime::now();
-        item.0.publish(&it);
+        shared.publish(it);
         Ok(())
     }
 
@@ -494,6 +524,16 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     async fn truncate_locked(&self, shared: &Shared, it: &mut Item, len: u64) -> FsResult<()> {
+        let result = self.truncate_held(shared, it, len).await;
+        Self::hold_on_failure(it, &result);
+        if result.is_ok() && len == 0 && it.held.take().is_some() {
+            // Rewritten from nothing: no byte of the failed change is left.
+            tracing::info!(key = %it.key, "a file whose changes were held is being rewritten whole");
+        }
+        result
+    }
+
+    async fn truncate_held(&self, shared: &Shared, it: &mut Item, len: u64) -> FsResult<()> {
         self.settle_forgotten(it).await?;
         match it.pending.as_ref().map(|p| (p.id, p.size)) {
             Some((id, size)) if id == it.work_id && len < size => {
@@ -560,11 +600,20 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Makes the item's current content an acknowledged version: every byte present locally,
     /// fsync'd, its CRC32C known, and its journal record durable (replacing the record of the
     /// version it supersedes in the same line). Called on close, fsync and the last release.
+    ///
+    /// A held working copy (a change to it failed) is never committed: the error is returned
+    /// again. A commit that fails otherwise (no room for the whole file, bytes of the object it
+    /// was opened from that could not be fetched) is not tried again in the background (I10:
+    /// the user was told it failed): the changes stay staged, not saved, until a later close or
+    /// fsync succeeds.
     pub async fn commit(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
         loop {
             let mut it = item.0.item.lock().await;
             if it.life != Life::Live || !it.dirty() {
                 return Ok(());
+            }
+            if let Some(e) = &it.held {
+                return Err(e.clone());
             }
             let size = it.work.size();
             self.reserve(&item.0, &it, size).await?;
@@ -577,7 +626,15 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     async fn seal(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut Item) -> FsResult<()> {
-        let crc = it.work.seal().await?;
+        // A failed fsync may have lost written pages: like a failed write.
+        let sealed = it.work.seal().await.map_err(FsError::from);
+        let crc = match sealed {
+            Ok(crc) => crc,
+            Err(e) => {
+                Self::hold_on_failure(it, &Err(e.clone()));
+                return Err(e);
+            }
+        };
         if !it.work_named {
             let dir = self.dir.root().join("staging");
             crate::platform::blocking(move || crate::platform::sync_dir(&dir)).await?;
@@ -801,12 +858,9 @@ impl<S: ObjectStore> WriteBack<S> {
         };
         let mut it = item.0.item.lock().await;
         if let Some(e) = failed {
-            // Nobody will close this file again: its task keeps trying to save the changes
-            // (the bytes it still needs may be unreachable right now), with backoff.
-            tracing::warn!(key = %it.key, error = %e, "could not save the file's last changes yet; will retry");
-            it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
-            it.sched.due_in(Duration::ZERO);
-            self.ensure_task(&item.0, &mut it);
+            // Not tried again in the background (I10): nothing of it is uploaded unless a later
+            // close saves it.
+            tracing::error!(key = %it.key, error = %e, "the file's last changes could not be saved; they stay staged and are not uploaded; the bucket keeps its last whole version");
         }
         if it.handles == 0 {
             it.work.close_fd();
@@ -864,7 +918,7 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut failed = 0;
             for shared in &items {
                 let mut it = shared.item.lock().await;
-                if it.life == Life::Live && (it.pending.is_some() || it.unsaved_orphan()) {
+                if it.life == Life::Live && it.pending.is_some() {
                     pending += 1;
                     if it.sched.failures > 0 {
                         failed += 1;
@@ -899,10 +953,20 @@ impl<S: ObjectStore> WriteBack<S> {
         let mut s = self.counters.status();
         for shared in items {
             let it = shared.item.lock().await;
-            if it.life == Life::Live && (it.pending.is_some() || it.dirty()) {
+            if it.life != Life::Live {
+                continue;
+            }
+            // Changed, and nothing will save it: a write failed, or the last close did and no
+            // handle is left to try again.
+            let not_saved = it.held.is_some() || (it.dirty() && it.handles == 0);
+            if not_saved {
+                s.held_files += 1;
+                s.held_bytes += it.work.size();
+            }
+            if it.pending.is_some() || (it.dirty() && !not_saved) {
                 s.pending_files += 1;
                 s.pending_bytes += it.work.size();
-                if it.dirty() {
+                if it.dirty() && !not_saved {
                     s.unsaved_files += 1;
                 } else if it.sched.failures > 0 {
                     s.failed_files += 1;
