@@ -16,7 +16,7 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::read::Reader;
 use crate::store::{ObjectStore, Posix};
-use crate::write::writeback::{ItemRef, LocalAttr};
+use crate::write::writeback::{ItemRef, LocalAttr, WriteBack};
 
 impl<S: ObjectStore> Filesystem<S> {
     fn add_handle(&self, ino: Ino, io: FileIo<S>) -> u64 {
@@ -131,19 +131,64 @@ impl<S: ObjectStore> Filesystem<S> {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let file = self.handle(fh)?;
         let data = match &file.io {
-            FileIo::Read(reader) => {
-                let result = reader.lock().await.read(offset, size).await;
-                if matches!(result, Err(FsError::Stale)) {
-                    self.ns.invalidate(file.ino);
-                }
-                result?
-            }
+            FileIo::Read(reader) => match self.written_here(file.ino) {
+                // A writer on this mount opened the file after this reader did: like every
+                // descriptor of a local file, this one reads the latest bytes written.
+                Some((w, item)) => Bytes::from(w.read(&item, offset, size).await?),
+                None => self.read_bucket(file.ino, reader, offset, size).await?,
+            },
             FileIo::Staged { item, .. } => {
                 Bytes::from(self.writer()?.read(item, offset, size).await?)
             }
         };
         crate::metrics::read_bytes(data.len() as u64);
         Ok(data)
+    }
+
+    /// The item of the file `ino` names, if this mount is writing it and `ino` still names it
+    /// (not unlinked or replaced since).
+    fn written_here(&self, ino: Ino) -> Option<(&Arc<WriteBack<S>>, ItemRef)> {
+        let w = self.write.as_ref()?;
+        let (path, _) = self.ns.inode_path(ino).ok()?;
+        w.item(&self.ns.key_of(&path)).map(|item| (w, item))
+    }
+
+    /// Reads the generation the handle opened, or the one this mount uploaded since: when its
+    /// own upload replaced that generation (the inode's view moved along to it), the handle
+    /// moves to the new one, so what it reads is what was written here (a later size
+    /// included). Someone else's replacement gives the name a new inode instead, and this
+    /// handle keeps its generation (`ESTALE` once that is gone).
+    async fn read_bucket(
+        &self,
+        ino: Ino,
+        reader: &tokio::sync::Mutex<Reader<S>>,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Bytes> {
+        let mut reader = reader.lock().await;
+        if let Some(meta) = self
+            .ns
+            .current_meta(ino)
+            .filter(|m| m.generation != reader.generation())
+        {
+            tracing::debug!(key = %meta.key, generation = meta.generation, "a reader moves to the generation this mount uploaded");
+            let cache = match &self.read_cache {
+                Some(c) => c.object(&self.cfg.bucket, &meta).await,
+                None => None,
+            };
+            *reader = Reader::new(
+                self.ns.store().clone(),
+                &meta,
+                self.budget.clone(),
+                self.prefetch,
+            )
+            .with_cache(cache);
+        }
+        let result = reader.read(offset, size).await;
+        if matches!(result, Err(FsError::Stale)) {
+            self.ns.invalidate(ino);
+        }
+        result
     }
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {

@@ -5,12 +5,13 @@
 //! different file. A path that changes kind (a file replaced by a directory of the same name)
 //! gets a new number, because the kernel must not see an inode change type.
 //!
-//! A file replaced in the bucket by someone else with a different size also gets a new number.
-//! With the write-back cache the kernel trusts its own size for a cached file inode and ignores
-//! the size we report, so the only way to show it the new size is a new inode. Each file inode
-//! remembers its *basis*: the generation and size the kernel's view was built from. Our own
-//! writes move the basis along (the kernel made those changes itself); a foreign change of size
-//! detaches the old number.
+//! A file replaced in the bucket by someone else also gets a new number, whatever its size.
+//! With the write-back cache the kernel trusts its own size and modification time for a cached
+//! file inode and ignores the ones we report, so the only way to show it a new size or time is
+//! a new inode (a same-size replacement that kept the old time would make `rsync -a` skip the
+//! file). Each file inode remembers its *basis*: the generation and size the kernel's view was
+//! built from. Our own writes move the basis along (the kernel made those changes itself); a
+//! foreign new generation detaches the old number.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,11 +52,11 @@ pub struct Inode {
 
 impl Inode {
     /// Whether `m` is someone else's replacement of the object the kernel's view was built
-    /// from, with a different size.
-    pub fn resized_by_others(&self, m: &ObjectMeta) -> bool {
+    /// from (a new generation, of any size).
+    pub fn replaced_by_others(&self, m: &ObjectMeta) -> bool {
         match self.basis {
-            Some((generation, size)) => {
-                generation > 0 && m.generation > 0 && m.generation != generation && m.size != size
+            Some((generation, _)) => {
+                generation > 0 && m.generation > 0 && m.generation != generation
             }
             None => false,
         }
@@ -64,7 +65,7 @@ impl Inode {
     /// Records fresh metadata. `ours` says the change came through this mount, so the kernel
     /// already has it; a local file (generation 0) is always ours.
     pub fn observe(&mut self, m: &Arc<ObjectMeta>, ours: bool) {
-        if ours || m.generation == 0 || !self.resized_by_others(m) {
+        if ours || m.generation == 0 || !self.replaced_by_others(m) {
             self.basis = Some((m.generation, m.size));
         }
         self.meta = Some(m.clone());
@@ -126,7 +127,7 @@ impl InodeTable {
         if let Some(&ino) = self.by_path.get(path) {
             if let Some(inode) = self.by_ino.get_mut(&ino) {
                 if inode.kind == kind
-                    && !meta.as_deref().is_some_and(|m| inode.resized_by_others(m))
+                    && !meta.as_deref().is_some_and(|m| inode.replaced_by_others(m))
                 {
                     if let Some(m) = &meta {
                         inode.observe(m, false);

@@ -317,9 +317,10 @@ impl<S: ObjectStore> Namespace<S> {
         };
         let mut t = self.inodes.lock();
         let inode = t.get_mut(ino).ok_or(FsError::NotFound)?;
-        if inode.resized_by_others(&meta) {
-            // The kernel would clip reads at the old size. ESTALE makes it look the name up
-            // again (LOOKUP_REVAL), which finds a new inode with the new size, and retry.
+        if inode.replaced_by_others(&meta) {
+            // The kernel would keep the old size and times (and clip reads at the old size).
+            // ESTALE makes it look the name up again (LOOKUP_REVAL), which finds a new inode
+            // with the new attributes, and retry.
             t.detach(&path);
             return Err(FsError::Stale);
         }
@@ -327,6 +328,16 @@ impl<S: ObjectStore> Namespace<S> {
         inode.last_open_generation = Some(meta.generation);
         inode.observe(&meta, false);
         Ok((meta, keep_cache))
+    }
+
+    /// The object the kernel's view of file `ino` rests on, when `ino` still names it: the
+    /// generation it was opened or looked up at, or one of this mount's own uploads since (never
+    /// someone else's replacement, which gets a new inode).
+    pub fn current_meta(&self, ino: Ino) -> Option<Arc<ObjectMeta>> {
+        let t = self.inodes.lock();
+        let inode = t.get(ino).filter(|i| !i.detached)?;
+        let meta = inode.meta.clone()?;
+        (inode.basis.map(|(g, _)| g) == Some(meta.generation)).then_some(meta)
     }
 
     /// Forgets a generation that turned out to be gone (the object was replaced or deleted).

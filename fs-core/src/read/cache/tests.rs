@@ -584,10 +584,11 @@ async fn through_the_mount_a_replaced_object_is_read_new_once_open_sees_it() {
     assert_eq!(read_through_mount(&fs, ino).await, old);
     assert_eq!(gets(&store), before, "the second read came from disk");
 
-    // Replaced, same size (so the inode stays). Once the stat TTL has passed, open sees the
-    // new generation (the kernel drops its page cache then too) and the cache reads it new.
+    // Replaced, same size. Once the stat TTL has passed, the name is a new inode (the kernel
+    // drops its cached pages and attributes with the old one) and the cache reads it new.
     store.insert("f", new.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let ino = fs.lookup(crate::ROOT_INO, "f").await.unwrap().ino;
     assert_eq!(read_through_mount(&fs, ino).await, new);
     assert!(gets(&store) > before);
 }
