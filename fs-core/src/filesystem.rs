@@ -125,12 +125,22 @@ impl<S: ObjectStore> Filesystem<S> {
     /// Replays the journal (uploading what a crash left staged) and removes temporary parts of
     /// earlier runs. Returns how many staged files were replayed.
     pub async fn start(&self) -> Result<usize, String> {
+        self.claim_cache_dir(false)?;
         let Some(w) = &self.write else { return Ok(0) };
         let n = w.replay().await?;
         // The cleanup takes its horizon of ids first; the pool's files all come above it.
         w.start_orphan_cleanup();
         w.start_pool();
         Ok(n)
+    }
+
+    /// Ties the cache directory to this mount's bucket and prefix (I11), refusing one whose
+    /// records may belong elsewhere; `adopt` takes records without a known owner as ours.
+    /// [`Self::start`] does it too, before replaying, without `adopt`.
+    pub fn claim_cache_dir(&self, adopt: bool) -> Result<(), String> {
+        let Some(w) = &self.write else { return Ok(()) };
+        let owner = crate::write::cache_dir::Owner::new(&self.cfg.bucket, &self.cfg.prefix);
+        w.claim_cache_dir(&owner, adopt).map_err(|e| e.to_string())
     }
 
     /// Keeps what readers fetch in `cache` on the local disk, and serves it from there.

@@ -658,3 +658,70 @@ fn credentials_stay_out_of_a_trace_log() -> Result<()> {
     }
     m.unmount()
 }
+
+/// I11: what a mount of one bucket staged in a `--cache-dir` is never uploaded to another
+/// bucket mounted with the same `--cache-dir`, and both buckets keep their own pending files
+/// there, each uploaded by the next mount of its own bucket.
+#[test]
+fn a_named_cache_dir_keeps_each_buckets_pending_files_apart() -> Result<()> {
+    let emu = setup("owner-a")?;
+    emu.create_bucket("owner-b")?;
+    let cache = tempfile::tempdir()?;
+    let a_data = random_bytes(150_000, 21);
+    let m = Mount::with_cache(&emu, "owner-a", cache.path(), &["--write-back-delay", "1h"])?;
+    write_and_close(&m.path().join("from-a"), &a_data)?;
+    m.crash()?;
+    assert!(emu.get_opt("owner-a", "from-a")?.is_none());
+
+    // Bucket B, the same cache directory: A's file must not land in B. B stages a file of its
+    // own and dies too.
+    let b_data = random_bytes(120_000, 22);
+    let m = Mount::with_cache(&emu, "owner-b", cache.path(), &["--write-back-delay", "0s"])?;
+    m.wait_uploaded(Duration::from_secs(60))?;
+    assert!(
+        emu.get_opt("owner-b", "from-a")?.is_none(),
+        "A's file was uploaded into bucket B"
+    );
+    m.crash()?;
+    let m = Mount::with_cache(&emu, "owner-b", cache.path(), &["--write-back-delay", "1h"])?;
+    write_and_close(&m.path().join("from-b"), &b_data)?;
+    m.crash()?;
+
+    // A again: its own file, byte for byte, and not B's.
+    let m = Mount::with_cache(&emu, "owner-a", cache.path(), &["--write-back-delay", "0s"])?;
+    wait_for_object(&emu, "owner-a", "from-a", &sha256(&a_data), 30)?;
+    m.wait_uploaded(Duration::from_secs(60))?;
+    assert_eq!(emu.get("owner-a", "from-a")?, a_data);
+    assert!(
+        emu.get_opt("owner-a", "from-b")?.is_none(),
+        "B's file went to A"
+    );
+    m.unmount()?;
+    // B again: its own.
+    let m = Mount::with_cache(&emu, "owner-b", cache.path(), &["--write-back-delay", "0s"])?;
+    wait_for_object(&emu, "owner-b", "from-b", &sha256(&b_data), 30)?;
+    m.unmount()?;
+    assert_eq!(emu.keys("owner-a")?, vec!["from-a".to_string()]);
+    assert_eq!(emu.keys("owner-b")?, vec!["from-b".to_string()]);
+    Ok(())
+}
+
+/// I11: the default cache directory does not depend on the mountpoint, so a file staged by a
+/// mount that died is uploaded by the next mount of the bucket wherever it is mounted.
+#[test]
+fn the_default_cache_dir_is_replayed_at_another_mountpoint() -> Result<()> {
+    let emu = setup("moved")?;
+    let home = tempfile::tempdir()?;
+    let data = random_bytes(180_000, 23);
+    let m = Mount::with_default_cache(&emu, "moved", home.path(), &["--write-back-delay", "1h"])?;
+    let first = m.path().to_path_buf();
+    write_and_close(&m.path().join("kept"), &data)?;
+    m.crash()?;
+    assert!(emu.get_opt("moved", "kept")?.is_none());
+
+    let m = Mount::with_default_cache(&emu, "moved", home.path(), &["--write-back-delay", "0s"])?;
+    assert_ne!(m.path(), first, "mounted somewhere else");
+    wait_for_object(&emu, "moved", "kept", &sha256(&data), 30)?;
+    assert_eq!(emu.get("moved", "kept")?, data);
+    m.unmount()
+}

@@ -37,6 +37,9 @@ pub fn open_filesystem(
     prefix: &str,
     platform: impl FnOnce(&mut MountConfig),
 ) -> Result<Arc<Filesystem<GcsStore>>, String> {
+    for note in &cache.notes {
+        tracing::warn!("{note}");
+    }
     let opts = common.store.gcs_options();
     tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
     crate::platform::raise_fd_limit();
@@ -62,6 +65,9 @@ pub fn open_filesystem(
     if let Some(rc) = read_cache {
         fs.set_read_cache(rc);
     }
+    // Marks the cache directory as this bucket's before anything is replayed (I11); records
+    // found without an owner are taken only as the start-up decision said.
+    fs.claim_cache_dir(cache.adopt)?;
     let fs = Arc::new(fs);
     let replayed = rt.block_on(fs.start())?;
     if replayed > 0 {

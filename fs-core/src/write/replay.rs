@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, SystemTime};
 
+use super::cache_dir::{ClaimError, Owner};
 use super::item::{Item, Life, Shared, Version};
 use super::journal::{Record, UploadState};
 use super::scheduler::Sched;
@@ -40,6 +41,12 @@ fn rec_mtime(rec: &Record) -> SystemTime {
 }
 
 impl<S: ObjectStore> WriteBack<S> {
+    /// Ties the cache directory to `owner` before replaying (I11: see
+    /// [`super::cache_dir::CacheDir::claim`]).
+    pub fn claim_cache_dir(&self, owner: &Owner, adopt: bool) -> Result<(), ClaimError> {
+        self.dir.claim(owner, adopt)
+    }
+
     /// Re-creates an item for every journal record and schedules its upload. Returns how many.
     pub async fn replay(self: &std::sync::Arc<Self>) -> Result<usize, String> {
         let (records, corrupt) = self
