@@ -110,37 +110,40 @@ impl<S: ObjectStore> Filesystem<S> {
     }
 
     /// A writable filesystem staging writes in `wcfg.cache_dir`. Fails if the cache directory
-    /// cannot be used (for example, another mount holds it).
-    pub fn with_write(
+    /// cannot be used (for example, another mount holds it, or it belongs to another bucket or
+    /// prefix: see [`Self::with_write_adopting`]).
+    pub fn with_write(store: Arc<S>, cfg: MountConfig, wcfg: WriteConfig) -> Result<Self, String> {
+        Self::with_write_adopting(store, cfg, wcfg, false)
+    }
+
+    /// Like [`Self::with_write`]; the cache directory is first tied to this mount's bucket and
+    /// prefix (I11), before anything is staged or replayed, and refused when its records may
+    /// belong elsewhere. `adopt` takes records without a known owner as this mount's.
+    pub fn with_write_adopting(
         store: Arc<S>,
         cfg: MountConfig,
         mut wcfg: WriteConfig,
+        adopt: bool,
     ) -> Result<Self, String> {
         let mut fs = Self::new(store.clone(), cfg);
         wcfg.upload.temp_prefix = format!("{}{TEMP_DIR}/", fs.cfg.prefix);
-        fs.write = Some(WriteBack::new(store, wcfg, fs.ns.settle_hook())?);
+        let w = WriteBack::new(store, wcfg, fs.ns.settle_hook())?;
+        let owner = crate::write::cache_dir::Owner::new(&fs.cfg.bucket, &fs.cfg.prefix);
+        w.claim_cache_dir(&owner, adopt)
+            .map_err(|e| e.to_string())?;
+        fs.write = Some(w);
         Ok(fs)
     }
 
     /// Replays the journal (uploading what a crash left staged) and removes temporary parts of
     /// earlier runs. Returns how many staged files were replayed.
     pub async fn start(&self) -> Result<usize, String> {
-        self.claim_cache_dir(false)?;
         let Some(w) = &self.write else { return Ok(0) };
         let n = w.replay().await?;
         // The cleanup takes its horizon of ids first; the pool's files all come above it.
         w.start_orphan_cleanup();
         w.start_pool();
         Ok(n)
-    }
-
-    /// Ties the cache directory to this mount's bucket and prefix (I11), refusing one whose
-    /// records may belong elsewhere; `adopt` takes records without a known owner as ours.
-    /// [`Self::start`] does it too, before replaying, without `adopt`.
-    pub fn claim_cache_dir(&self, adopt: bool) -> Result<(), String> {
-        let Some(w) = &self.write else { return Ok(()) };
-        let owner = crate::write::cache_dir::Owner::new(&self.cfg.bucket, &self.cfg.prefix);
-        w.claim_cache_dir(&owner, adopt).map_err(|e| e.to_string())
     }
 
     /// Keeps what readers fetch in `cache` on the local disk, and serves it from there.

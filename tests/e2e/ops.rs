@@ -2,7 +2,8 @@
 //! in what form, what the log must never hold (credentials, resumable session URLs), and the
 //! cache directory's rules (our own private sub-directory in a named directory, an earlier
 //! version's layout used in place at every start or refused when unsafe, a user's directory
-//! not taken for one), and a detached mount that cannot make its default log running without.
+//! not taken for one, I11: one bucket and prefix per cache directory), and a detached mount
+//! that cannot make its default log running without.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -204,9 +205,20 @@ fn an_earlier_cache_layout_is_used_in_place() -> Result<()> {
         std::fs::rename(entry.path(), cache.path().join(entry.file_name()))?;
     }
     std::fs::remove_dir(&ours)?;
+    // Earlier versions wrote no marker: the bucket of what they staged is unknown.
+    std::fs::remove_file(cache.path().join("owner"))?;
     std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o750))?;
 
-    let m = Mount::with_cache(&emu, "legacy", cache.path(), &["--write-back-delay", "0s"])?;
+    let refused = Mount::with_cache(&emu, "legacy", cache.path(), &["--write-back-delay", "0s"]);
+    let err = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("--adopt-staged"), "not refused: {err}");
+    assert!(emu.get_opt("legacy", "kept")?.is_none());
+    let m = Mount::with_cache(
+        &emu,
+        "legacy",
+        cache.path(),
+        &["--write-back-delay", "0s", "--adopt-staged"],
+    )?;
     wait_for_object(&emu, "legacy", "kept", &sha256(&data), 30)?;
     let log = m.log_text();
     assert!(log.contains("layout of an earlier version"), "{log}");
@@ -234,6 +246,9 @@ fn leave_earlier_layout(emu: &Emulator, bucket: &str, cache: &Path, key: &str) -
         std::fs::rename(entry.path(), cache.join(entry.file_name()))?;
     }
     std::fs::remove_dir(&ours)?;
+    // Earlier versions wrote no marker: the next mount adopts what they staged only with
+    // --adopt-staged.
+    std::fs::remove_file(cache.join("owner"))?;
     Ok(data)
 }
 
@@ -258,7 +273,7 @@ fn a_detached_mount_replays_an_earlier_layout_every_time() -> Result<()> {
         &emu,
         "legacydetached",
         cache.path(),
-        &["--write-back-delay", "0s"],
+        &["--write-back-delay", "0s", "--adopt-staged"],
     )?;
     wait_for_object(&emu, "legacydetached", "kept", &sha256(&data), 30)?;
     m.unmount()?;
@@ -336,7 +351,7 @@ fn an_earlier_layout_others_may_write_to_is_refused() -> Result<()> {
         &emu,
         "legacyunsafe",
         cache.path(),
-        &["--write-back-delay", "0s"],
+        &["--write-back-delay", "0s", "--adopt-staged"],
     )?;
     wait_for_object(&emu, "legacyunsafe", "kept", &sha256(&data), 30)?;
     m.unmount()

@@ -59,15 +59,14 @@ pub fn open_filesystem(
         None => Filesystem::new(store, cfg),
         Some(w) => {
             tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
-            Filesystem::with_write(store, cfg, w)?
+            // The cache directory becomes this bucket's before anything is replayed (I11);
+            // records without an owner are taken only as the start-up decision said.
+            Filesystem::with_write_adopting(store, cfg, w, cache.adopt)?
         }
     };
     if let Some(rc) = read_cache {
         fs.set_read_cache(rc);
     }
-    // Marks the cache directory as this bucket's before anything is replayed (I11); records
-    // found without an owner are taken only as the start-up decision said.
-    fs.claim_cache_dir(cache.adopt)?;
     let fs = Arc::new(fs);
     let replayed = rt.block_on(fs.start())?;
     if replayed > 0 {

@@ -74,7 +74,9 @@ pub struct CommonArgs {
     pub read_cache_size: u64,
     /// Where written data is staged and the upload journal kept: in a sub-directory
     /// bucketdrive-cache that bucketdrive makes inside it (the directory itself is not
-    /// changed). Default: under the user's cache directory, one sub-directory per mount.
+    /// changed), which belongs to one bucket and prefix; another bucket or prefix gets one of
+    /// its own inside that. Default: under the user's cache directory, one sub-directory per
+    /// bucket and prefix.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Upload files that an earlier bucketdrive version staged in the cache directory, which

@@ -456,16 +456,18 @@ impl CacheRoot {
                 }
                 match read_marker(&path) {
                     Marker::Owner(o) if &o == owner => others.push(path),
-                    Marker::Absent if is_earlier_default_name(&entry.file_name(), owner) => {
-                        if super::journal::holds_records(&path.join("journal")).unwrap_or(false) {
-                            notes.push(format!(
-                                "{} holds files an earlier bucketdrive version staged for \
-                                 bucket {} at another mountpoint or prefix; mount that again \
-                                 there to upload them",
-                                path.display(),
-                                owner.bucket
-                            ));
-                        }
+                    Marker::Absent
+                        if is_earlier_default_name(&entry.file_name(), owner)
+                            && super::journal::holds_records(&path.join("journal"))
+                                .unwrap_or(false) =>
+                    {
+                        notes.push(format!(
+                            "{} holds files an earlier bucketdrive version staged for bucket {} \
+                             at another mountpoint or prefix; mount that again there to upload \
+                             them",
+                            path.display(),
+                            owner.bucket
+                        ));
                     }
                     _ => {}
                 }

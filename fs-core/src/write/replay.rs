@@ -1,6 +1,10 @@
 //! Start-up: every journaled version becomes an item again and is uploaded, and what earlier
 //! runs left behind is cleared away.
 //!
+//! - Before anything, the cache directory is claimed for the mount's bucket and prefix (I11,
+//!   [`super::cache_dir::CacheDir::claim`], when the filesystem is built): records carry only
+//!   keys, so a directory whose marker names another owner, or whose records have none, is
+//!   never replayed.
 //! - A record's staging file holds the version in its first `size` bytes (later bytes are
 //!   changes made after the last acknowledgement, never acknowledged). The version's CRC32C is
 //!   checked before it is replayed, and the file cut back to the version, so the mount shows
