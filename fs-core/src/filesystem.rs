@@ -110,15 +110,28 @@ impl<S: ObjectStore> Filesystem<S> {
     }
 
     /// A writable filesystem staging writes in `wcfg.cache_dir`. Fails if the cache directory
-    /// cannot be used (for example, another mount holds it).
-    pub fn with_write(
+    /// cannot be used (for example, another mount holds it, or it belongs to another bucket or
+    /// prefix: see [`Self::with_write_adopting`]).
+    pub fn with_write(store: Arc<S>, cfg: MountConfig, wcfg: WriteConfig) -> Result<Self, String> {
+        Self::with_write_adopting(store, cfg, wcfg, false)
+    }
+
+    /// Like [`Self::with_write`]; the cache directory is first tied to this mount's bucket and
+    /// prefix (I11), before anything is staged or replayed, and refused when its records may
+    /// belong elsewhere. `adopt` takes records without a known owner as this mount's.
+    pub fn with_write_adopting(
         store: Arc<S>,
         cfg: MountConfig,
         mut wcfg: WriteConfig,
+        adopt: bool,
     ) -> Result<Self, String> {
         let mut fs = Self::new(store.clone(), cfg);
         wcfg.upload.temp_prefix = format!("{}{TEMP_DIR}/", fs.cfg.prefix);
-        fs.write = Some(WriteBack::new(store, wcfg, fs.ns.settle_hook())?);
+        let w = WriteBack::new(store, wcfg, fs.ns.settle_hook())?;
+        let owner = crate::write::cache_dir::Owner::new(&fs.cfg.bucket, &fs.cfg.prefix);
+        w.claim_cache_dir(&owner, adopt)
+            .map_err(|e| e.to_string())?;
+        fs.write = Some(w);
         Ok(fs)
     }
 

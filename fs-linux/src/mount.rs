@@ -39,8 +39,9 @@ pub fn run(args: MountArgs) -> ExitCode {
         Ok(acl) => acl,
         Err(e) => return fail(e),
     };
-    // Decided once, before the log or anything else creates a directory in it; an earlier
-    // version's layout that cannot be used is refused here, on the caller's terminal.
+    // Decided once, before the log or anything else creates a directory in it; a directory
+    // that cannot be used (staged files of an unknown bucket, an earlier version's layout
+    // others may write to) is refused here, on the caller's terminal.
     let cache = match args.common.cache_root(&bucket, &prefix, &mountpoint) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -53,6 +54,10 @@ pub fn run(args: MountArgs) -> ExitCode {
     let destination = if foreground {
         logging::Destination::Attached
     } else {
+        // Attached, these lines reach the terminal through the log.
+        for note in &cache.notes {
+            eprintln!("bucketdrive: warning: {note}");
+        }
         let (destination, warning) = logging::detached(&args.common, &cache);
         if let Some(warning) = warning {
             eprintln!("bucketdrive: warning: {warning}");

@@ -2,7 +2,8 @@
 //! in what form, what the log must never hold (credentials, resumable session URLs), and the
 //! cache directory's rules (our own private sub-directory in a named directory, an earlier
 //! version's layout used in place at every start or refused when unsafe, a user's directory
-//! not taken for one), and a detached mount that cannot make its default log running without.
+//! not taken for one, I11: one bucket and prefix per cache directory), and a detached mount
+//! that cannot make its default log running without.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -204,9 +205,20 @@ fn an_earlier_cache_layout_is_used_in_place() -> Result<()> {
         std::fs::rename(entry.path(), cache.path().join(entry.file_name()))?;
     }
     std::fs::remove_dir(&ours)?;
+    // Earlier versions wrote no marker: the bucket of what they staged is unknown.
+    std::fs::remove_file(cache.path().join("owner"))?;
     std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o750))?;
 
-    let m = Mount::with_cache(&emu, "legacy", cache.path(), &["--write-back-delay", "0s"])?;
+    let refused = Mount::with_cache(&emu, "legacy", cache.path(), &["--write-back-delay", "0s"]);
+    let err = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("--adopt-staged"), "not refused: {err}");
+    assert!(emu.get_opt("legacy", "kept")?.is_none());
+    let m = Mount::with_cache(
+        &emu,
+        "legacy",
+        cache.path(),
+        &["--write-back-delay", "0s", "--adopt-staged"],
+    )?;
     wait_for_object(&emu, "legacy", "kept", &sha256(&data), 30)?;
     let log = m.log_text();
     assert!(log.contains("layout of an earlier version"), "{log}");
@@ -234,6 +246,9 @@ fn leave_earlier_layout(emu: &Emulator, bucket: &str, cache: &Path, key: &str) -
         std::fs::rename(entry.path(), cache.join(entry.file_name()))?;
     }
     std::fs::remove_dir(&ours)?;
+    // Earlier versions wrote no marker: the next mount adopts what they staged only with
+    // --adopt-staged.
+    std::fs::remove_file(cache.join("owner"))?;
     Ok(data)
 }
 
@@ -258,7 +273,7 @@ fn a_detached_mount_replays_an_earlier_layout_every_time() -> Result<()> {
         &emu,
         "legacydetached",
         cache.path(),
-        &["--write-back-delay", "0s"],
+        &["--write-back-delay", "0s", "--adopt-staged"],
     )?;
     wait_for_object(&emu, "legacydetached", "kept", &sha256(&data), 30)?;
     m.unmount()?;
@@ -336,7 +351,7 @@ fn an_earlier_layout_others_may_write_to_is_refused() -> Result<()> {
         &emu,
         "legacyunsafe",
         cache.path(),
-        &["--write-back-delay", "0s"],
+        &["--write-back-delay", "0s", "--adopt-staged"],
     )?;
     wait_for_object(&emu, "legacyunsafe", "kept", &sha256(&data), 30)?;
     m.unmount()
@@ -656,5 +671,72 @@ fn credentials_stay_out_of_a_trace_log() -> Result<()> {
             );
         }
     }
+    m.unmount()
+}
+
+/// I11: what a mount of one bucket staged in a `--cache-dir` is never uploaded to another
+/// bucket mounted with the same `--cache-dir`, and both buckets keep their own pending files
+/// there, each uploaded by the next mount of its own bucket.
+#[test]
+fn a_named_cache_dir_keeps_each_buckets_pending_files_apart() -> Result<()> {
+    let emu = setup("owner-a")?;
+    emu.create_bucket("owner-b")?;
+    let cache = tempfile::tempdir()?;
+    let a_data = random_bytes(150_000, 21);
+    let m = Mount::with_cache(&emu, "owner-a", cache.path(), &["--write-back-delay", "1h"])?;
+    write_and_close(&m.path().join("from-a"), &a_data)?;
+    m.crash()?;
+    assert!(emu.get_opt("owner-a", "from-a")?.is_none());
+
+    // Bucket B, the same cache directory: A's file must not land in B. B stages a file of its
+    // own and dies too.
+    let b_data = random_bytes(120_000, 22);
+    let m = Mount::with_cache(&emu, "owner-b", cache.path(), &["--write-back-delay", "0s"])?;
+    m.wait_uploaded(Duration::from_secs(60))?;
+    assert!(
+        emu.get_opt("owner-b", "from-a")?.is_none(),
+        "A's file was uploaded into bucket B"
+    );
+    m.crash()?;
+    let m = Mount::with_cache(&emu, "owner-b", cache.path(), &["--write-back-delay", "1h"])?;
+    write_and_close(&m.path().join("from-b"), &b_data)?;
+    m.crash()?;
+
+    // A again: its own file, byte for byte, and not B's.
+    let m = Mount::with_cache(&emu, "owner-a", cache.path(), &["--write-back-delay", "0s"])?;
+    wait_for_object(&emu, "owner-a", "from-a", &sha256(&a_data), 30)?;
+    m.wait_uploaded(Duration::from_secs(60))?;
+    assert_eq!(emu.get("owner-a", "from-a")?, a_data);
+    assert!(
+        emu.get_opt("owner-a", "from-b")?.is_none(),
+        "B's file went to A"
+    );
+    m.unmount()?;
+    // B again: its own.
+    let m = Mount::with_cache(&emu, "owner-b", cache.path(), &["--write-back-delay", "0s"])?;
+    wait_for_object(&emu, "owner-b", "from-b", &sha256(&b_data), 30)?;
+    m.unmount()?;
+    assert_eq!(emu.keys("owner-a")?, vec!["from-a".to_string()]);
+    assert_eq!(emu.keys("owner-b")?, vec!["from-b".to_string()]);
+    Ok(())
+}
+
+/// I11: the default cache directory does not depend on the mountpoint, so a file staged by a
+/// mount that died is uploaded by the next mount of the bucket wherever it is mounted.
+#[test]
+fn the_default_cache_dir_is_replayed_at_another_mountpoint() -> Result<()> {
+    let emu = setup("moved")?;
+    let home = tempfile::tempdir()?;
+    let data = random_bytes(180_000, 23);
+    let m = Mount::with_default_cache(&emu, "moved", home.path(), &["--write-back-delay", "1h"])?;
+    let first = m.path().to_path_buf();
+    write_and_close(&m.path().join("kept"), &data)?;
+    m.crash()?;
+    assert!(emu.get_opt("moved", "kept")?.is_none());
+
+    let m = Mount::with_default_cache(&emu, "moved", home.path(), &["--write-back-delay", "0s"])?;
+    assert_ne!(m.path(), first, "mounted somewhere else");
+    wait_for_object(&emu, "moved", "kept", &sha256(&data), 30)?;
+    assert_eq!(emu.get("moved", "kept")?, data);
     m.unmount()
 }

@@ -386,6 +386,13 @@ pub fn is_mounted(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Which cache directory a mount is given: a `--cache-dir`, or none (the default, under a
+/// cache home of the test's).
+enum CacheArg<'a> {
+    Named(&'a Path),
+    Default(&'a Path),
+}
+
 /// A bucketdrive mount that is always taken down.
 pub struct Mount {
     child: Option<Child>,
@@ -407,6 +414,23 @@ impl Mount {
     /// Mounts with the given cache directory, which outlives the mount (for crash tests).
     pub fn with_cache(emu: &Emulator, spec: &str, cache_dir: &Path, args: &[&str]) -> Result<Self> {
         Self::with_endpoint(&emu.url(), spec, cache_dir, args)
+    }
+
+    /// Mounts without `--cache-dir`, so the mount picks its default cache directory, under
+    /// `cache_home` (as `XDG_CACHE_HOME`), which outlives the mount.
+    pub fn with_default_cache(
+        emu: &Emulator,
+        spec: &str,
+        cache_home: &Path,
+        args: &[&str],
+    ) -> Result<Self> {
+        Self::spawn_in(
+            &emu.url(),
+            spec,
+            CacheArg::Default(cache_home),
+            &["--anonymous"],
+            args,
+        )
     }
 
     /// Mounts through `endpoint` (e.g. a [`Proxy`]'s URL) with the given cache directory.
@@ -438,9 +462,26 @@ impl Mount {
         credentials: &[&str],
         args: &[&str],
     ) -> Result<Self> {
+        Self::spawn_in(
+            endpoint,
+            spec,
+            CacheArg::Named(cache_dir),
+            credentials,
+            args,
+        )
+    }
+
+    fn spawn_in(
+        endpoint: &str,
+        spec: &str,
+        cache: CacheArg<'_>,
+        credentials: &[&str],
+        args: &[&str],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
         let log = dir.path().with_extension("log");
-        let child = Command::new(bucketdrive_bin())
+        let mut command = Command::new(bucketdrive_bin());
+        command
             .arg("mount")
             .arg(spec)
             .arg(dir.path())
@@ -448,9 +489,16 @@ impl Mount {
             .args(credentials)
             .args(["--endpoint", endpoint])
             .arg("--log-file")
-            .arg(&log)
-            .arg("--cache-dir")
-            .arg(cache_dir)
+            .arg(&log);
+        match cache {
+            CacheArg::Named(named) => {
+                command.arg("--cache-dir").arg(named);
+            }
+            CacheArg::Default(home) => {
+                command.env("XDG_CACHE_HOME", home);
+            }
+        }
+        let child = command
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -37,6 +37,9 @@ pub fn open_filesystem(
     prefix: &str,
     platform: impl FnOnce(&mut MountConfig),
 ) -> Result<Arc<Filesystem<GcsStore>>, String> {
+    for note in &cache.notes {
+        tracing::warn!("{note}");
+    }
     let opts = common.store.gcs_options();
     tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
     crate::platform::raise_fd_limit();
@@ -56,7 +59,9 @@ pub fn open_filesystem(
         None => Filesystem::new(store, cfg),
         Some(w) => {
             tracing::info!(cache_dir = %w.cache_dir.display(), "staging writes");
-            Filesystem::with_write(store, cfg, w)?
+            // The cache directory becomes this bucket's before anything is replayed (I11);
+            // records without an owner are taken only as the start-up decision said.
+            Filesystem::with_write_adopting(store, cfg, w, cache.adopt)?
         }
     };
     if let Some(rc) = read_cache {

@@ -438,10 +438,7 @@ mod tests {
     }
 
     fn root(dir: &Path) -> CacheRoot {
-        CacheRoot {
-            path: dir.to_path_buf(),
-            legacy: false,
-        }
+        CacheRoot::at(dir.to_path_buf())
     }
 
     /// What a detached mount of `c` with its cache root in `dir` logs to, and the warning.
@@ -509,8 +506,8 @@ mod tests {
         std::fs::create_dir(&old).unwrap();
         std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o750)).unwrap();
         let legacy = CacheRoot {
-            path: old.clone(),
             legacy: true,
+            ..CacheRoot::at(old.clone())
         };
         let (destination, warning) = detached_with(&c, &legacy, &no_syslog);
         assert!(warning.is_none());

@@ -10,7 +10,7 @@ use clap::Args;
 use crate::config::{parse_size, MountConfig};
 use crate::read::cache::{fill_queue_for, ReadCacheConfig, LOCK_WAIT, SUBDIR as READ_CACHE_SUBDIR};
 use crate::store::gcs::GcsOptions;
-use crate::write::cache_dir::CacheRoot;
+use crate::write::cache_dir::{default_container, CacheRoot, Owner, SUBDIR};
 use crate::write::upload::UploadMode;
 use crate::write::writeback::WriteConfig;
 
@@ -74,9 +74,17 @@ pub struct CommonArgs {
     pub read_cache_size: u64,
     /// Where written data is staged and the upload journal kept: in a sub-directory
     /// bucketdrive-cache that bucketdrive makes inside it (the directory itself is not
-    /// changed). Default: under the user's cache directory, one sub-directory per mount.
+    /// changed), which belongs to one bucket and prefix; another bucket or prefix gets one of
+    /// its own inside that. Default: under the user's cache directory, one sub-directory per
+    /// bucket and prefix.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Upload files that an earlier bucketdrive version staged in the cache directory, which
+    /// did not record their bucket, to this mount's bucket and prefix (and record it). Without
+    /// it such files are never uploaded: the mount is refused with a message saying where they
+    /// are.
+    #[arg(long)]
+    pub adopt_staged: bool,
     /// Most bytes staged in the cache directory at once (e.g. 20GiB). When full, writes wait
     /// for closed files to upload; "disk full" only when the files still open cannot fit.
     /// Default: bounded by the disk alone.
@@ -165,19 +173,32 @@ impl CommonArgs {
         cfg
     }
 
-    /// The cache directory's root: our sub-directory of `--cache-dir` (or that directory
-    /// itself when it holds an earlier version's layout), else one per bucket, prefix and
-    /// mountpoint under the user's cache directory. Called once, before the mount starts (see
-    /// [`CacheRoot::in_user_dir`] for why it can fail); every later user gets the answer.
+    /// The cache directory's root, the one of this bucket and prefix (I11): in `--cache-dir`
+    /// ([`CacheRoot::in_user_dir`]), else under the user's cache directory
+    /// ([`CacheRoot::default_for`]). Called once, before the mount starts (see those for why it
+    /// can fail); every later user gets the answer. A read-only mount stages nothing and
+    /// uploads nothing, so what would refuse a writable one only puts its (log) directory in
+    /// the bucket's own sub-directory.
     pub fn cache_root(
         &self,
         bucket: &str,
         prefix: &str,
         mountpoint: &Path,
     ) -> Result<CacheRoot, String> {
-        match &self.cache_dir {
-            Some(named) => CacheRoot::in_user_dir(named),
-            None => Ok(CacheRoot::default_for(bucket, prefix, mountpoint)),
+        let owner = Owner::new(bucket, prefix);
+        let decided = match &self.cache_dir {
+            Some(named) => CacheRoot::in_user_dir(named, &owner, self.adopt_staged),
+            None => CacheRoot::default_for(&owner, mountpoint, self.adopt_staged),
+        };
+        match decided {
+            Err(_) if self.read_only => {
+                let base = match &self.cache_dir {
+                    Some(named) => named.join(SUBDIR),
+                    None => default_container(),
+                };
+                Ok(CacheRoot::at(base.join(owner.dir_name())))
+            }
+            other => other,
         }
     }
 
@@ -252,10 +273,7 @@ mod tests {
 
     #[test]
     fn the_read_cache_is_off_unless_named_and_never_shares_the_write_cache() {
-        let write = CacheRoot {
-            path: PathBuf::from("/var/cache/w/bucketdrive-cache"),
-            legacy: false,
-        };
+        let write = CacheRoot::at(PathBuf::from("/var/cache/w/bucketdrive-cache"));
         assert_eq!(parse(&[]).unwrap().read_cache_config(&write), Ok(None));
         assert!(
             parse(&["--read-cache-size", "1GiB"]).is_err(),
@@ -283,10 +301,7 @@ mod tests {
             assert!(err.contains("would share the write cache"), "{err}");
         }
         // A write cache inside the read cache's directory is refused too.
-        let nested = CacheRoot {
-            path: PathBuf::from("/r/bucketdrive-read-cache/bucketdrive-cache"),
-            legacy: false,
-        };
+        let nested = CacheRoot::at(PathBuf::from("/r/bucketdrive-read-cache/bucketdrive-cache"));
         let c = parse(&["--read-cache-dir", "/r"]).unwrap();
         assert!(c.read_cache_config(&nested).is_err());
     }

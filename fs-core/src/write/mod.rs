@@ -30,6 +30,12 @@
 //! - **I7, clean, and mounts never hurt each other.** Temporary parts are named per cache
 //!   directory; a mount removes its own leftovers at start-up and other mounts' only once old.
 //!
+//! - **I11, a cache directory belongs to one bucket and prefix.** Its marker names them before
+//!   anything is staged, and the claim under the lock refuses a directory of another owner, or
+//!   with records of an unknown one unless adopted, so records are never uploaded to another
+//!   bucket or prefix; a mount of another bucket or prefix works in a directory of its own, and
+//!   the default directory does not depend on the mountpoint ([`cache_dir`]).
+//!
 //! # Modules
 //!
 //! - [`item`]: one file's state machine (working copy, pending version, life).
@@ -44,7 +50,7 @@
 //! - [`staging`], [`ranges`]: local files and which of their bytes are present.
 //! - [`staging_pool`]: empty staging files with durable names, made ahead and recycled.
 //! - [`space`]: `--cache-size` accounting. [`status`]: counters for `bucketdrive status`.
-//! - [`cache_dir`]: the locked cache directory and its tag.
+//! - [`cache_dir`]: the locked cache directory, its tag and its owner; which one a mount uses.
 
 pub mod cache_dir;
 pub mod item;

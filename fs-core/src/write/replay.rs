@@ -1,6 +1,10 @@
 //! Start-up: every journaled version becomes an item again and is uploaded, and what earlier
 //! runs left behind is cleared away.
 //!
+//! - Before anything, the cache directory is claimed for the mount's bucket and prefix (I11,
+//!   [`super::cache_dir::CacheDir::claim`], when the filesystem is built): records carry only
+//!   keys, so a directory whose marker names another owner, or whose records have none, is
+//!   never replayed.
 //! - A record's staging file holds the version in its first `size` bytes (later bytes are
 //!   changes made after the last acknowledgement, never acknowledged). The version's CRC32C is
 //!   checked before it is replayed, and the file cut back to the version, so the mount shows
@@ -15,6 +19,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, SystemTime};
 
+use super::cache_dir::{ClaimError, Owner};
 use super::item::{Item, Life, Shared, Version};
 use super::journal::{Record, UploadState};
 use super::scheduler::Sched;
@@ -40,6 +45,12 @@ fn rec_mtime(rec: &Record) -> SystemTime {
 }
 
 impl<S: ObjectStore> WriteBack<S> {
+    /// Ties the cache directory to `owner` before replaying (I11: see
+    /// [`super::cache_dir::CacheDir::claim`]).
+    pub fn claim_cache_dir(&self, owner: &Owner, adopt: bool) -> Result<(), ClaimError> {
+        self.dir.claim(owner, adopt)
+    }
+
     /// Re-creates an item for every journal record and schedules its upload. Returns how many.
     pub async fn replay(self: &std::sync::Arc<Self>) -> Result<usize, String> {
         let (records, corrupt) = self
