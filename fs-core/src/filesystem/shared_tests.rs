@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::tests::{W, WT};
 use super::*;
 use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
@@ -478,4 +479,76 @@ async fn a_same_size_replacement_gets_a_new_inode() {
     let h = fs.open(new.ino, OpenMode::default()).await.unwrap();
     assert_eq!(&fs.read(h.fh, 0, 10).await.unwrap()[..], b"bbbb");
     fs.release(h.fh).await;
+}
+
+/// I10 across a crash: the changes of a copy that failed for space, and of a close that could
+/// not fetch its missing bytes, are kept in the journal; the next mount shows them, still not
+/// saved, and never uploads them; rewriting the file whole saves it.
+#[test]
+fn changes_not_saved_survive_a_crash_and_are_never_uploaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    store.insert("big", old.clone());
+    store.insert("f", vec![1u8; 10_000]);
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let fs = machine_with_cap(&store, dir.path(), "m1", 100_000);
+            let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+            let h = fs.open(f.ino, W).await.unwrap();
+            fs.write(h.fh, 10, b"edit").await.unwrap();
+            store.set_offline(true);
+            assert!(fs.flush(h.fh).await.is_err());
+            fs.release(h.fh).await;
+            store.set_offline(false);
+            let attr = fs.lookup(ROOT_INO, "big").await.unwrap();
+            let h = fs.open(attr.ino, WT).await.unwrap();
+            let mut i = 0u64;
+            while fs.write(h.fh, i * 16_384, &[7u8; 16_384]).await.is_ok() {
+                i += 1;
+            }
+            assert!(fs.flush(h.fh).await.is_err());
+            fs.release(h.fh).await;
+            assert_eq!(fs.write_status().await.held_files, 2);
+            // The daemon is killed here.
+            drop(fs);
+        });
+        rt.shutdown_timeout(Duration::from_secs(5));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = machine_with_cap(&store, dir.path(), "m1", 1 << 30);
+        assert_eq!(fs.start().await.unwrap(), 2, "both come back");
+        let s = fs.write_status().await;
+        assert_eq!((s.held_files, s.pending_files), (2, 0), "{s:?}");
+        assert_eq!(fs.drain(false).await, 0);
+        assert_eq!(store.object_bytes("big").unwrap(), old, "never uploaded");
+        assert_eq!(store.object_bytes("f").unwrap(), vec![1u8; 10_000]);
+        // The mount shows what was written: the staged edit, over the object's bytes.
+        let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+        let shown = super::tests::read_all(&fs, f.ino).await;
+        assert_eq!(&shown[10..14], b"edit");
+        assert_eq!(shown.len(), 10_000);
+        // Saved again by the user: now it goes up, whole; the held copy is rewritten whole.
+        let h = fs.open(f.ino, W).await.unwrap();
+        fs.flush(h.fh).await.unwrap();
+        fs.release(h.fh).await;
+        let big = fs.lookup(ROOT_INO, "big").await.unwrap();
+        let h = fs.open(big.ino, WT).await.unwrap();
+        fs.write(h.fh, 0, b"small now").await.unwrap();
+        fs.flush(h.fh).await.unwrap();
+        fs.release(h.fh).await;
+        assert_eq!(fs.drain(false).await, 0);
+        assert_eq!(store.object_bytes("big").unwrap(), &b"small now"[..]);
+        assert_eq!(&store.object_bytes("f").unwrap()[10..14], b"edit");
+        assert_eq!(fs.write_status().await.held_files, 0);
+    });
+    drop(rt);
+    // Nothing of it is replayed again.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = machine_with_cap(&store, dir.path(), "m1", 1 << 30);
+        assert_eq!(fs.start().await.unwrap(), 0);
+    });
 }

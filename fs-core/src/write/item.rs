@@ -108,6 +108,9 @@ pub(super) struct Item {
     /// Why the working copy is held: a change to it failed since the last commit (see the
     /// module doc). Its changes are never committed while this is set.
     pub held: Option<FsError>,
+    /// The journal record keeping changes that were not saved (held, or whose last close
+    /// failed) across an unmount or a crash; removed once a commit saves them or the name goes.
+    pub unsaved_record: Option<u64>,
 }
 
 /// How many possibly-landed versions an item remembers.
@@ -166,6 +169,35 @@ impl Item {
             }
             self.maybe_landed.push(entry);
         }
+    }
+
+    /// The journal record of the working copy's changes that were not saved, as record `id`.
+    pub fn unsaved(&self, id: u64) -> Record {
+        let mut rec = self.record(&Version {
+            seq: 0,
+            id,
+            size: self.work.size(),
+            crc32c: 0,
+            mtime: self.mtime,
+            metadata: self.metadata.clone(),
+            progress: UploadState::Staged,
+        });
+        rec.state = UploadState::NotSaved {
+            file: self.work_id,
+            held: self.held.is_some(),
+            present: self
+                .work
+                .present()
+                .ranges()
+                .iter()
+                .map(|r| (r.start, r.end))
+                .collect(),
+            reason: self
+                .held
+                .as_ref()
+                .map_or_else(|| "the last close failed".to_string(), |e| e.to_string()),
+        };
+        rec
     }
 
     /// The journal record of version `v` of this file.

@@ -71,6 +71,18 @@ pub enum UploadState {
     Done { generation: i64 },
     /// The bucket's object changed since it was opened: the local version was saved beside it.
     Conflict { saved_as: String },
+    /// Changes that were not saved (I10): a write to the file failed (`held`), or its last
+    /// close did. They are never uploaded; the record keeps them staged across an unmount or a
+    /// crash, in staging file `file` (whose first bytes may also be a pending version's, in
+    /// that version's own record), with the byte ranges of it that are really present.
+    NotSaved {
+        file: u64,
+        held: bool,
+        #[serde(default)]
+        present: Vec<(u64, u64)>,
+        #[serde(default)]
+        reason: String,
+    },
 }
 
 impl std::fmt::Debug for UploadState {
@@ -89,6 +101,18 @@ impl std::fmt::Debug for UploadState {
             UploadState::Conflict { saved_as } => f
                 .debug_struct("Conflict")
                 .field("saved_as", saved_as)
+                .finish(),
+            UploadState::NotSaved {
+                file,
+                held,
+                present,
+                reason,
+            } => f
+                .debug_struct("NotSaved")
+                .field("file", file)
+                .field("held", held)
+                .field("present", present)
+                .field("reason", reason)
                 .finish(),
         }
     }
@@ -243,9 +267,15 @@ impl Journal {
         self.append(Change::Del(id)).map(|_| ())
     }
 
-    /// Whether a live record has id `id` (its staging file is still needed).
+    /// Whether a live record names staging file `id` (it is still needed): its own, or one
+    /// that keeps changes not saved in it.
     pub fn names(&self, id: u64) -> bool {
-        self.log.lock().live.contains_key(&id)
+        let log = self.log.lock();
+        log.live.contains_key(&id)
+            || log
+                .live
+                .values()
+                .any(|r| matches!(r.state, UploadState::NotSaved { file, .. } if file == id))
     }
 
     /// Makes every change appended so far durable, on the calling thread (a background

@@ -170,6 +170,9 @@ impl<S: ObjectStore> WriteBack<S> {
         shared.publish(&it);
         // Wakes an fsync waiting for this file's upload: there will be none.
         shared.progress.send_modify(|p| p.attempts += 1);
+        if let Some(u) = it.unsaved_record.take() {
+            self.journal.remove(u).await?;
+        }
         if let Some(p) = it.pending.take() {
             self.journal.remove(p.id).await?;
             if p.id != it.work_id {
@@ -210,6 +213,9 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut o = old.item.lock().await;
             o.life = Life::Unlinked;
             old.progress.send_modify(|p| p.attempts += 1);
+            if let Some(u) = o.unsaved_record.take() {
+                changes.push(Change::Del(u));
+            }
             if let Some(p) = o.pending.take() {
                 changes.push(Change::Del(p.id));
                 if p.id != o.work_id {
@@ -248,6 +254,10 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         if let Some(p) = it.pending.clone() {
             changes.push(Change::Put(it.record(&p)));
+        }
+        if let Some(u) = it.unsaved_record {
+            // Changes kept as not saved follow the name too.
+            changes.push(Change::Put(it.unsaved(u)));
         }
         if !changes.is_empty() {
             self.journal.apply(Change::Batch(changes)).await?;

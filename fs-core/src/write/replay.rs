@@ -22,9 +22,11 @@ use std::time::{Duration, SystemTime};
 use super::cache_dir::{ClaimError, Owner};
 use super::item::{Item, Life, Shared, Version};
 use super::journal::{Record, UploadState};
+use super::ranges::RangeSet;
 use super::scheduler::Sched;
 use super::staging::{crc32c_of_file, StagingFile};
 use super::writeback::WriteBack;
+use crate::error::FsError;
 use crate::store::{ListRequest, ObjectStore, Precondition};
 
 /// Listing attempts of the start-up cleanup before it leaves the rest to the next mount.
@@ -66,7 +68,15 @@ impl<S: ObjectStore> WriteBack<S> {
         // At most one record per name (the journal swaps records in one line; the newest wins
         // should an older one ever remain).
         let mut by_key: BTreeMap<String, Record> = BTreeMap::new();
+        // Changes that were not saved: kept staged beside (or in) the file's pending version.
+        let mut not_saved: BTreeMap<String, Record> = BTreeMap::new();
         for rec in records {
+            if matches!(rec.state, UploadState::NotSaved { .. }) {
+                if let Some(older) = not_saved.insert(rec.key.clone(), rec) {
+                    self.forget_record(older.id, false).await;
+                }
+                continue;
+            }
             if matches!(
                 rec.state,
                 UploadState::Done { .. } | UploadState::Conflict { .. }
@@ -79,8 +89,16 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         let mut kept = HashSet::new();
+        // Staging files whose bytes past a version are changes kept as not saved.
+        let longer: HashSet<u64> = not_saved
+            .values()
+            .filter_map(|r| match r.state {
+                UploadState::NotSaved { file, .. } => Some(file),
+                _ => None,
+            })
+            .collect();
         for rec in by_key.into_values() {
-            match self.verify(&rec).await {
+            match self.verify(&rec, longer.contains(&rec.id)).await {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::error!(key = %rec.key, id = rec.id, error = %e, "staged data of a saved file is missing or damaged; it is kept aside as .damaged and not uploaded");
@@ -120,6 +138,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 life: Life::Live,
                 sched: Sched::default(),
                 held: None,
+                unsaved_record: None,
             };
             item.sched.due_in(Duration::ZERO);
             let shared = Shared::new(item);
@@ -129,13 +148,99 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut it = shared.item.lock().await;
             self.ensure_task(&shared, &mut it);
         }
+        let mut count = kept.len();
+        for rec in not_saved.into_values() {
+            if self.replay_not_saved(rec, &mut kept).await {
+                count += 1;
+            }
+        }
         self.remove_unjournaled_staging(&kept, !corrupt.is_empty());
-        Ok(kept.len())
+        Ok(count)
+    }
+
+    /// Brings back changes that were not saved before the last unmount or crash (I10): staged
+    /// and shown, never uploaded, until the user saves the file again. Returns whether it did.
+    async fn replay_not_saved(&self, rec: Record, kept: &mut HashSet<u64>) -> bool {
+        let UploadState::NotSaved {
+            file,
+            held,
+            present,
+            reason,
+        } = rec.state.clone()
+        else {
+            return false;
+        };
+        let path = self.dir.staging_path(file);
+        let len = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) => {
+                tracing::error!(key = %rec.key, id = file, error = %e, "the staged copy of changes that were not saved is missing; they are lost");
+                self.forget_record(rec.id, false).await;
+                return false;
+            }
+        };
+        let mut ranges = RangeSet::new();
+        for (start, end) in present {
+            let end = end.min(len);
+            if start < end {
+                ranges.insert(start..end);
+            }
+        }
+        kept.insert(file);
+        self.bump_next_id(rec.id);
+        self.bump_next_id(file);
+        let work = StagingFile::open_partial(&path, len, ranges);
+        let held = held.then(|| FsError::Io(reason));
+        tracing::warn!(key = %rec.key, size = len, "changes that were not saved before the mount stopped are kept staged; they are not uploaded until the file is saved again");
+        let existing = self.by_key.lock().get(&rec.key).cloned();
+        match existing {
+            Some(shared) => {
+                let mut it = shared.item.lock().await;
+                it.work = work;
+                it.work_id = file;
+                it.edits = it.committed + 1;
+                it.held = held;
+                it.unsaved_record = Some(rec.id);
+                if it.base.is_none() {
+                    it.base = rec.base_generation.map(|g| (rec.key.clone(), g));
+                }
+                shared.publish(&it);
+                self.space
+                    .charge_existing(&shared.charged, it.staged_bytes(len));
+            }
+            None => {
+                let mtime = rec_mtime(&rec);
+                let item = Item {
+                    key: rec.key.clone(),
+                    base: rec.base_generation.map(|g| (rec.key.clone(), g)),
+                    work_id: file,
+                    work,
+                    work_named: true,
+                    forgotten_unsynced: false,
+                    mtime,
+                    metadata: rec.metadata.clone(),
+                    edits: 1,
+                    committed: 0,
+                    pending: None,
+                    next_seq: 1,
+                    maybe_landed: rec.maybe_landed.clone(),
+                    handles: 0,
+                    life: Life::Live,
+                    sched: Sched::default(),
+                    held,
+                    unsaved_record: Some(rec.id),
+                };
+                let shared = Shared::new(item);
+                self.space.charge_existing(&shared.charged, len);
+                self.by_key.lock().insert(rec.key.clone(), shared);
+            }
+        }
+        true
     }
 
     /// Checks that the record's staging file holds its version, and cuts off anything after
     /// it (changes never acknowledged).
-    async fn verify(&self, rec: &Record) -> std::io::Result<()> {
+    async fn verify(&self, rec: &Record, keep_tail: bool) -> std::io::Result<()> {
         let path = self.dir.staging_path(rec.id);
         let (size, crc) = (rec.size, rec.crc32c);
         crate::platform::blocking(move || {
@@ -152,7 +257,7 @@ impl<S: ObjectStore> WriteBack<S> {
             if crc32c_of_file(&file, size)? != crc {
                 return Err(std::io::Error::other("CRC32C mismatch"));
             }
-            if len > size {
+            if len > size && !keep_tail {
                 file.set_len(size)?;
                 file.sync_all()?;
             }

@@ -41,10 +41,16 @@ impl Space {
     }
 
     /// Charges bytes already on disk (journal replay), even past the limit: new writes wait.
+    /// `charge` becomes `size` (it may already hold part of it).
     pub fn charge_existing(&self, charge: &AtomicU64, size: u64) {
-        charge.store(size, Ordering::SeqCst);
-        self.used.fetch_add(size, Ordering::SeqCst);
-        crate::metrics::staged_added(size);
+        let old = charge.swap(size, Ordering::SeqCst);
+        if size > old {
+            self.used.fetch_add(size - old, Ordering::SeqCst);
+            crate::metrics::staged_added(size - old);
+        } else if old > size {
+            self.used.fetch_sub(old - size, Ordering::SeqCst);
+            crate::metrics::staged_removed(old - size);
+        }
     }
 
     /// Makes sure `charge` is at least `size`, waiting for uploads when the space is full.

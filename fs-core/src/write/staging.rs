@@ -94,8 +94,26 @@ impl StagingFile {
         }
     }
 
+    /// A staging file already on disk, of `size` bytes of which `present` are valid (changes
+    /// that were not saved, kept by the journal). No descriptor is opened until it is used.
+    pub fn open_partial(path: &Path, size: u64, present: RangeSet) -> Self {
+        StagingFile {
+            path: path.to_path_buf(),
+            file: None,
+            size,
+            present,
+            crcs: CrcRuns::default(),
+            unflushed: 0,
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Which bytes are valid locally.
+    pub fn present(&self) -> &RangeSet {
+        &self.present
     }
 
     /// The open descriptor, reopening the file if it was closed.

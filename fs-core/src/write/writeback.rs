@@ -269,6 +269,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 life: Life::Live,
                 sched: Sched::default(),
                 held: None,
+                unsaved_record: None,
             };
             let shared = Shared::new(item);
             {
@@ -670,15 +671,23 @@ impl<S: ObjectStore> WriteBack<S> {
             metadata: it.metadata.clone(),
             progress,
         };
-        let put = Change::Put(it.record(&v));
-        let change = match &old {
-            Some(o) if o.id != v.id => Change::Batch(vec![put, Change::Del(o.id)]),
-            _ => put,
+        let mut changes = vec![Change::Put(it.record(&v))];
+        if let Some(o) = old.as_ref().filter(|o| o.id != v.id) {
+            changes.push(Change::Del(o.id));
+        }
+        // Changes kept as not saved are saved now: their record goes in the same line.
+        if let Some(u) = it.unsaved_record {
+            changes.push(Change::Del(u));
+        }
+        let change = match changes.len() {
+            1 => changes.remove(0),
+            _ => Change::Batch(changes),
         };
         if let Err(e) = self.journal.apply(change).await {
             it.pending = old;
             return Err(e.into());
         }
+        it.unsaved_record = None;
         it.next_seq += 1;
         it.pending = Some(v);
         it.committed = it.edits;
@@ -796,10 +805,46 @@ impl<S: ObjectStore> WriteBack<S> {
         });
     }
 
+    /// Changes that were not saved (held, or the last close failed) stay staged: their bytes
+    /// are made durable and a journal record keeps them across an unmount or a crash. They
+    /// are never uploaded from it. Best effort: the disk that failed a write may fail this too.
+    pub(super) async fn keep_unsaved(&self, it: &mut Item) {
+        if it.life != Life::Live || !it.dirty() {
+            return;
+        }
+        let synced = match it.work.clone_file() {
+            Ok(file) => crate::platform::blocking(move || file.sync_all()).await,
+            Err(e) => Err(e),
+        };
+        let named = if it.work_named {
+            Ok(())
+        } else {
+            let dir = self.dir.staging_dir();
+            crate::platform::blocking(move || crate::platform::sync_dir(&dir)).await
+        };
+        let id = it.unsaved_record.unwrap_or_else(|| self.new_id());
+        let kept = match synced.and(named) {
+            Ok(()) => self.journal.put(&it.unsaved(id)).await,
+            Err(e) => Err(e),
+        };
+        match kept {
+            Ok(()) => {
+                it.work_named = true;
+                it.unsaved_record = Some(id);
+            }
+            Err(e) => {
+                tracing::error!(key = %it.key, error = %e, "could not keep the file's unsaved changes in the journal; they are lost if the mount stops")
+            }
+        }
+    }
+
     /// Close of one handle: commit, then either wait for the upload (`upload_on_close`) or let
-    /// it run in the background.
+    /// it run in the background. A commit that fails keeps the changes staged (not saved).
     pub async fn close(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
-        self.commit(item).await?;
+        if let Err(e) = self.commit(item).await {
+            self.keep_unsaved(&mut *item.0.item.lock().await).await;
+            return Err(e);
+        }
         if self.cfg.upload_on_close {
             self.flush_to_bucket(item).await
         } else {
@@ -859,8 +904,9 @@ impl<S: ObjectStore> WriteBack<S> {
         let mut it = item.0.item.lock().await;
         if let Some(e) = failed {
             // Not tried again in the background (I10): nothing of it is uploaded unless a later
-            // close saves it.
+            // close saves it. Kept across an unmount or a crash all the same.
             tracing::error!(key = %it.key, error = %e, "the file's last changes could not be saved; they stay staged and are not uploaded; the bucket keeps its last whole version");
+            self.keep_unsaved(&mut it).await;
         }
         if it.handles == 0 {
             it.work.close_fd();
@@ -874,6 +920,12 @@ impl<S: ObjectStore> WriteBack<S> {
             return;
         }
         it.life = Life::Retired;
+        if let Some(u) = it.unsaved_record.take() {
+            // Normally gone already (saved, or removed with the name).
+            if let Err(e) = self.journal.forget(u) {
+                tracing::warn!(error = %e, "could not remove a journal record");
+            }
+        }
         {
             let mut map = self.by_key.lock();
             // Only this item's entry: a newer item may already have taken the name.
