@@ -17,7 +17,7 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::store::{
     mtime_metadata, ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind,
-    WriteOptions, SYMLINK_KEY,
+    WriteOptions, SYMLINK_KEY, WRITER_KEY,
 };
 
 impl<S: ObjectStore> Filesystem<S> {
@@ -30,33 +30,67 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// Creates a directory: a marker object `dir/`.
+    /// Creates a directory: a marker object `dir/`, made only if no marker is there. One name
+    /// made on two machines at once goes to one of them; the other gets `Exists` (I12).
     pub async fn mkdir(&self, parent: Ino, name: &str) -> FsResult<Attr> {
         self.writer()?;
         let path = self.child_path(parent, name)?;
+        let _making = self.claiming.take(&path).ok_or(FsError::Exists)?;
         self.ensure_absent(&path).await?;
-        let marker = format!("{}/", self.ns.key_of(&path));
-        match self
-            .ns
-            .store()
-            .put(
-                &marker,
-                Bytes::new(),
-                Precondition::DoesNotExist,
-                &WriteOptions::default(),
-            )
-            .await
-        {
-            Ok(_) => {}
-            // The name was free a moment ago: this is our own marker whose answer was lost (the
-            // retry then found it), or another mkdir of the same name. The directory exists,
-            // as asked.
-            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.put_marked(&path, true).await?;
         self.ns.note(&path, Entry::Dir);
         self.ns.note_empty_dir(&path);
         Ok(self.ns.register(&path, &Entry::Dir, 1))
+    }
+
+    /// Puts an empty object at `path` (its directory marker with `dir`) only if the name is
+    /// free (`ifGenerationMatch=0`), marked ([`WRITER_KEY`]) with this mount's tag and a token
+    /// of this one request: a directory marker, or an exclusive create's claim. A failure is
+    /// checked before it is believed: the object there carrying our token is our own write
+    /// whose answer was lost (success); anything else, another machine's empty object too, is
+    /// someone else's (`Exists`, and the caches learn what is there).
+    pub(super) async fn put_marked(&self, path: &str, dir: bool) -> FsResult<ObjectMeta> {
+        let key = match dir {
+            true => format!("{}/", self.ns.key_of(path)),
+            false => self.ns.key_of(path),
+        };
+        let token = format!("{}.{:016x}", self.writer()?.tag(), rand::random::<u64>());
+        let opts = WriteOptions {
+            metadata: HashMap::from([(WRITER_KEY.to_string(), token.clone())]),
+            ..WriteOptions::default()
+        };
+        let store = self.ns.store();
+        let err = match store
+            .put(&key, Bytes::new(), Precondition::DoesNotExist, &opts)
+            .await
+        {
+            Ok(m) => return Ok(m),
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed || e.is_retryable() => e,
+            Err(e) => return Err(e.into()),
+        };
+        let taken = err.kind == StoreErrorKind::PreconditionFailed;
+        match store.head(&key).await {
+            Ok(m) if m.size == 0 && m.metadata.get(WRITER_KEY) == Some(&token) => {
+                tracing::info!(key = %key, "our own write whose answer was lost is in the bucket");
+                Ok(m)
+            }
+            Ok(m) => {
+                tracing::debug!(key = %key, "the name was taken in the bucket meanwhile");
+                let entry = if dir {
+                    Entry::Dir
+                } else {
+                    Entry::File(Arc::new(m))
+                };
+                self.ns.note(path, entry);
+                Err(FsError::Exists)
+            }
+            // Taken when we asked, and gone again since.
+            Err(h) if taken && h.kind == StoreErrorKind::NotFound => {
+                self.ns.forget_tree(path);
+                Err(FsError::Exists)
+            }
+            Err(_) => Err(err.into()),
+        }
     }
 
     /// Whether the directory at `path` has anything in it, in the bucket or being written.
