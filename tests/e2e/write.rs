@@ -708,6 +708,15 @@ fn exclusive_create_and_mkdir_on_two_mounts_let_exactly_one_win() -> Result<()> 
         "mkdir: the first wins, the second gets EEXIST: {ra:?} / {rb:?}"
     );
     assert_eq!(emu.keys("excl")?, vec!["d/", "f0", "f1"]);
+    // The marker names its mount (a retry after a lost answer knows it for its own); the
+    // files do not carry their claims' tokens.
+    assert!(emu.metadata("excl", "d/")?.contains("bucketdrive-writer"));
+    for f in ["f0", "f1"] {
+        assert!(
+            !emu.metadata("excl", f)?.contains("bucketdrive-writer"),
+            "{f}"
+        );
+    }
     a.unmount()?;
     b.unmount()
 }
