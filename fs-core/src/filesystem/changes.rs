@@ -5,6 +5,10 @@
 //! flight, so an upload can never land under a name just deleted or renamed away (I3). The
 //! staged state changes only after the bucket did: a failed delete leaves the pending version
 //! where it was.
+//!
+//! A `mkdir` marker (like an exclusive create's claim) is made only if the name is free, and
+//! carries a token of the request, so a retry after a lost answer knows its own marker from
+//! another machine's (I12).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,6 +4,11 @@
 //! A handle reads the bucket through a read-ahead [`Reader`] pinned to one generation (and
 //! through the disk read cache, if the mount has one), or, for a file being written, the
 //! item's staged copy (so readers see their own writes).
+//!
+//! An exclusive create (`O_EXCL`, `CREATE_NEW`) never empties a name that exists. It is
+//! decided here, on this mount, without a bucket request, unless the mount claims names in the
+//! bucket (`--exclusive-create`): then the claim, an empty object made only if the name is
+//! free, is what makes one name created on two machines go to exactly one of them (I12).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
