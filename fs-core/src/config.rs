@@ -37,6 +37,10 @@ pub struct MountConfig {
     pub rename_dir_limit: usize,
     /// Read and store owner, group and mode in `goog-reserved-posix-*` metadata.
     pub posix_metadata: bool,
+    /// An exclusive create (`O_CREAT|O_EXCL`, Windows' `CREATE_NEW`) claims the name in the
+    /// bucket before it returns, so one name created on two machines goes to exactly one.
+    /// Off: exclusive on this mount only, and no bucket request.
+    pub exclusive_create: bool,
 }
 
 impl MountConfig {
@@ -59,6 +63,7 @@ impl MountConfig {
             reported_free_bytes: 1 << 50,
             rename_dir_limit: 10_000,
             posix_metadata: false,
+            exclusive_create: false,
         }
     }
 

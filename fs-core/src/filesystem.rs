@@ -8,7 +8,7 @@
 //! handle, readers included, so readers see their own writes; its size and mtime override the
 //! bucket's until it is uploaded and closed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -34,6 +34,15 @@ pub struct Opened {
 pub struct OpenMode {
     pub write: bool,
     pub truncate: bool,
+}
+
+/// How a file is created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreateFlags {
+    /// The name must be new (`O_EXCL`, Windows' `CREATE_NEW`): an existing name is `Exists`,
+    /// never emptied. On this mount only, unless the mount claims names in the bucket
+    /// (`MountConfig::exclusive_create`).
+    pub exclusive: bool,
 }
 
 /// Numbers for `statfs`.
@@ -71,6 +80,34 @@ pub struct Filesystem<S: ObjectStore> {
     files: Mutex<HashMap<u64, Arc<OpenFile<S>>>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_fh: AtomicU64,
+    claiming: Claiming,
+}
+
+/// Names this mount is creating exclusively, or making directories of, right now. A second
+/// such call for one of them is refused at once (`Exists`), as the Linux kernel's directory lock
+/// refuses it there; Windows does not serialise them.
+#[derive(Default)]
+struct Claiming(Mutex<HashSet<String>>);
+
+impl Claiming {
+    /// Takes `path` until the guard drops; `None` if another call holds it.
+    fn take(&self, path: &str) -> Option<ClaimGuard<'_>> {
+        self.0.lock().insert(path.to_string()).then(|| ClaimGuard {
+            claiming: self,
+            path: path.to_string(),
+        })
+    }
+}
+
+struct ClaimGuard<'a> {
+    claiming: &'a Claiming,
+    path: String,
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.claiming.0.lock().remove(&self.path);
+    }
 }
 
 fn local_entry(key: &str, la: LocalAttr) -> Entry {
@@ -106,6 +143,7 @@ impl<S: ObjectStore> Filesystem<S> {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            claiming: Claiming::default(),
         }
     }
 
@@ -342,6 +380,8 @@ impl<S: ObjectStore> Filesystem<S> {
 
 mod attrs;
 mod changes;
+#[cfg(test)]
+mod exclusive;
 mod handles;
 #[cfg(test)]
 mod regressions;

@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use fs_core::filesystem::OpenMode;
+use fs_core::filesystem::{CreateFlags, OpenMode};
 use fs_core::store::{ObjectStore, Posix};
 use fs_core::{Attr, FsError, Kind};
 use fuser::{
@@ -539,16 +539,19 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let name = match utf8_name(name, true) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let flags = CreateFlags {
+            exclusive: flags & libc::O_EXCL != 0,
+        };
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.rt.spawn(async move {
-            match fs.create(parent.0, &name).await {
+            match fs.create_with(parent.0, &name, flags).await {
                 Ok((a, o)) => reply.created(
                     &ttl,
                     &file_attr(&a),

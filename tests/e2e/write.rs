@@ -632,3 +632,91 @@ fn writes_through_a_shared_mapping_after_close_are_uploaded() -> Result<()> {
     assert_eq!(sha256(&std::fs::read(&path)?), sha256(&want));
     m.unmount()
 }
+
+/// Opens `path` as Python's `open(path, 'x')` does (`O_CREAT|O_EXCL`), writes `data` and
+/// closes, checking the close.
+fn create_new_and_write(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    // Held open a moment, so the other machine's create comes while this file is not yet
+    // uploaded: only a claim in the bucket can stop it.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    f.write_all(data)?;
+    bucketdrive_tests::close_checked(f)
+}
+
+/// Invariant I12 through two real mounts of one bucket (two machines: each its own cache
+/// directory), with `--exclusive-create`: an `O_CREAT|O_EXCL` open of one new name on both,
+/// 0.3 s apart, lets exactly one succeed (the first) and gives the other `EEXIST`, and the
+/// bucket holds the winner's bytes and nothing else; `mkdir` of one name on both lets exactly
+/// one win.
+#[test]
+fn exclusive_create_and_mkdir_on_two_mounts_let_exactly_one_win() -> Result<()> {
+    let emu = setup("excl")?;
+    let args = ["--exclusive-create", "--write-back-delay", "0s"];
+    let a = Mount::new(&emu, "excl", &args)?;
+    let b = Mount::new(&emu, "excl", &args)?;
+    for round in 0..2 {
+        let name = format!("f{round}");
+        let (pa, pb) = (a.path().join(&name), b.path().join(&name));
+        // Both machines see the name free, as a program checking first would.
+        assert!(!pa.exists() && !pb.exists());
+        let (da, db) = (
+            format!("from a, round {round}"),
+            format!("from b, round {round}"),
+        );
+        // Each mount goes first once.
+        let ((early_path, early_data), (late_path, late_data)) = if round == 0 {
+            ((pa, da), (pb, db))
+        } else {
+            ((pb, db), (pa, da))
+        };
+        let data = early_data.clone();
+        let early = std::thread::spawn(move || create_new_and_write(&early_path, data.as_bytes()));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let late = create_new_and_write(&late_path, late_data.as_bytes());
+        let early = early.join().expect("the first create's thread");
+        assert!(
+            early.is_ok()
+                && late.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::EEXIST),
+            "round {round}: the first create wins, the second gets EEXIST: {early:?} / {late:?}"
+        );
+        wait_for_object(&emu, "excl", &name, &sha256(early_data.as_bytes()), 60)?;
+        a.wait_uploaded(std::time::Duration::from_secs(60))?;
+        b.wait_uploaded(std::time::Duration::from_secs(60))?;
+        assert_eq!(
+            emu.get("excl", &name)?,
+            early_data.as_bytes(),
+            "round {round}"
+        );
+        let keys = emu.keys("excl")?;
+        assert!(
+            keys.iter().all(|k| !k.contains(".conflict-")),
+            "round {round}: no conflict copy: {keys:?}"
+        );
+    }
+
+    // mkdir of one new name on both: exactly one wins, the other is told it exists.
+    let (pa, pb) = (a.path().join("d"), b.path().join("d"));
+    assert!(!pa.exists() && !pb.exists());
+    let ra = std::fs::create_dir(&pa);
+    let rb = std::fs::create_dir(&pb);
+    assert!(
+        ra.is_ok() && rb.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::EEXIST),
+        "mkdir: the first wins, the second gets EEXIST: {ra:?} / {rb:?}"
+    );
+    assert_eq!(emu.keys("excl")?, vec!["d/", "f0", "f1"]);
+    // The marker names its mount (a retry after a lost answer knows it for its own); the
+    // files do not carry their claims' tokens.
+    assert!(emu.metadata("excl", "d/")?.contains("bucketdrive-writer"));
+    for f in ["f0", "f1"] {
+        assert!(
+            !emu.metadata("excl", f)?.contains("bucketdrive-writer"),
+            "{f}"
+        );
+    }
+    a.unmount()?;
+    b.unmount()
+}

@@ -122,6 +122,12 @@ pub struct CommonArgs {
     /// them, refuse to copy onto a disk that looks full). Never 0.
     #[arg(long, value_parser = parse_size, default_value = "1PiB")]
     pub free_space: u64,
+    /// Make an exclusive create (O_CREAT|O_EXCL, as `cp`, `tar`, `rsync` and mkstemp use;
+    /// CREATE_NEW on Windows) claim the name in the bucket before it returns: of two machines
+    /// creating one name, exactly one succeeds. Costs a request per such create, and fails
+    /// while the bucket is unreachable. Default: exclusive on this mount only.
+    #[arg(long)]
+    pub exclusive_create: bool,
     /// Mount read-only: every change fails.
     #[arg(long)]
     pub read_only: bool,
@@ -169,6 +175,7 @@ impl CommonArgs {
         }
         cfg.max_read_memory = self.max_read_memory;
         cfg.rename_dir_limit = self.rename_dir_limit;
+        cfg.exclusive_create = self.exclusive_create;
         cfg.reported_free_bytes = self.free_space.max(1 << 20);
         cfg
     }

@@ -11,6 +11,10 @@
 //! for a file being written, an object the item owns. Another writer's object that the mount
 //! never saw is left as it is: `rm` of the name still succeeds here (and says so in the log),
 //! and a rename over it saves ours beside it as a conflict copy.
+//!
+//! A `mkdir` marker (like an exclusive create's claim) is made only if the name is free, and
+//! carries a token of the request, so a retry after a lost answer knows its own marker from
+//! another machine's (I12).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,7 +27,7 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::store::{
     mtime_metadata, ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind,
-    WriteOptions, SYMLINK_KEY,
+    WriteOptions, SYMLINK_KEY, WRITER_KEY,
 };
 use crate::write::upload::conflict_key;
 
@@ -37,33 +41,67 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// Creates a directory: a marker object `dir/`.
+    /// Creates a directory: a marker object `dir/`, made only if no marker is there. One name
+    /// made on two machines at once goes to one of them; the other gets `Exists` (I12).
     pub async fn mkdir(&self, parent: Ino, name: &str) -> FsResult<Attr> {
         self.writer()?;
         let path = self.child_path(parent, name)?;
+        let _making = self.claiming.take(&path).ok_or(FsError::Exists)?;
         self.ensure_absent(&path).await?;
-        let marker = format!("{}/", self.ns.key_of(&path));
-        match self
-            .ns
-            .store()
-            .put(
-                &marker,
-                Bytes::new(),
-                Precondition::DoesNotExist,
-                &WriteOptions::default(),
-            )
-            .await
-        {
-            Ok(_) => {}
-            // The name was free a moment ago: this is our own marker whose answer was lost (the
-            // retry then found it), or another mkdir of the same name. The directory exists,
-            // as asked.
-            Err(e) if e.kind == StoreErrorKind::PreconditionFailed => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.put_marked(&path, true).await?;
         self.ns.note(&path, Entry::Dir);
         self.ns.note_empty_dir(&path);
         Ok(self.ns.register(&path, &Entry::Dir, 1))
+    }
+
+    /// Puts an empty object at `path` (its directory marker with `dir`) only if the name is
+    /// free (`ifGenerationMatch=0`), marked ([`WRITER_KEY`]) with this mount's tag and a token
+    /// of this one request: a directory marker, or an exclusive create's claim. A failure is
+    /// checked before it is believed: the object there carrying our token is our own write
+    /// whose answer was lost (success); anything else, another machine's empty object too, is
+    /// someone else's (`Exists`, and the caches learn what is there).
+    pub(super) async fn put_marked(&self, path: &str, dir: bool) -> FsResult<ObjectMeta> {
+        let key = match dir {
+            true => format!("{}/", self.ns.key_of(path)),
+            false => self.ns.key_of(path),
+        };
+        let token = format!("{}.{:016x}", self.writer()?.tag(), rand::random::<u64>());
+        let opts = WriteOptions {
+            metadata: HashMap::from([(WRITER_KEY.to_string(), token.clone())]),
+            ..WriteOptions::default()
+        };
+        let store = self.ns.store();
+        let err = match store
+            .put(&key, Bytes::new(), Precondition::DoesNotExist, &opts)
+            .await
+        {
+            Ok(m) => return Ok(m),
+            Err(e) if e.kind == StoreErrorKind::PreconditionFailed || e.is_retryable() => e,
+            Err(e) => return Err(e.into()),
+        };
+        let taken = err.kind == StoreErrorKind::PreconditionFailed;
+        match store.head(&key).await {
+            Ok(m) if m.size == 0 && m.metadata.get(WRITER_KEY) == Some(&token) => {
+                tracing::info!(key = %key, "our own write whose answer was lost is in the bucket");
+                Ok(m)
+            }
+            Ok(m) => {
+                tracing::debug!(key = %key, "the name was taken in the bucket meanwhile");
+                let entry = if dir {
+                    Entry::Dir
+                } else {
+                    Entry::File(Arc::new(m))
+                };
+                self.ns.note(path, entry);
+                Err(FsError::Exists)
+            }
+            // Taken when we asked, and gone again since.
+            Err(h) if taken && h.kind == StoreErrorKind::NotFound => {
+                self.ns.forget_tree(path);
+                Err(FsError::Exists)
+            }
+            Err(_) => Err(err.into()),
+        }
     }
 
     /// Whether the directory at `path` has anything in it, in the bucket or being written.
@@ -399,7 +437,17 @@ impl<S: ObjectStore> Filesystem<S> {
             Err(e) => return Err(e.into()),
         };
         match self.ns.store().head(dest).await {
-            Ok(m) if m.size == src.size && m.crc32c.is_some() && m.crc32c == src.crc32c => Ok(m),
+            // Every empty object has the same CRC32C and size: an empty one is ours only if it
+            // names the same writer as the source (another machine's claim is not our copy).
+            Ok(m)
+                if m.size == src.size
+                    && m.crc32c.is_some()
+                    && m.crc32c == src.crc32c
+                    && (m.size > 0
+                        || m.metadata.get(WRITER_KEY) == src.metadata.get(WRITER_KEY)) =>
+            {
+                Ok(m)
+            }
             _ if err.kind == StoreErrorKind::PreconditionFailed => Err(FsError::Stale),
             _ => Err(err.into()),
         }

@@ -4,6 +4,11 @@
 //! A handle reads the bucket through a read-ahead [`Reader`] pinned to one generation (and
 //! through the disk read cache, if the mount has one), or, for a file being written, the
 //! item's staged copy (so readers see their own writes).
+//!
+//! An exclusive create (`O_EXCL`, `CREATE_NEW`) never empties a name that exists. It is
+//! decided here, on this mount, without a bucket request, unless the mount claims names in the
+//! bucket (`--exclusive-create`): then the claim, an empty object made only if the name is
+//! free, is what makes one name created on two machines go to exactly one of them (I12).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,11 +16,11 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use super::{local_entry, FileIo, Filesystem, OpenFile, OpenMode, Opened};
+use super::{local_entry, CreateFlags, FileIo, Filesystem, OpenFile, OpenMode, Opened};
 use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::read::Reader;
-use crate::store::{ObjectStore, Posix};
+use crate::store::{ObjectStore, Posix, Precondition, WRITER_KEY};
 use crate::write::writeback::{ItemRef, LocalAttr, WriteBack};
 
 impl<S: ObjectStore> Filesystem<S> {
@@ -111,10 +116,25 @@ impl<S: ObjectStore> Filesystem<S> {
 
     /// Creates and opens a new, empty file (or empties the file of that name).
     pub async fn create(&self, parent: Ino, name: &str) -> FsResult<(Attr, Opened)> {
+        self.create_with(parent, name, CreateFlags::default()).await
+    }
+
+    /// Creates and opens a new, empty file as `flags` ask. A plain create empties a file of
+    /// that name; an exclusive one refuses a name that exists (see [`Self::create_exclusive`]).
+    pub async fn create_with(
+        &self,
+        parent: Ino,
+        name: &str,
+        flags: CreateFlags,
+    ) -> FsResult<(Attr, Opened)> {
         self.writer()?;
         let path = self.child_path(parent, name)?;
         let key = self.ns.key_of(&path);
-        let item = self.open_item(&path, &key, true).await?;
+        let item = if flags.exclusive {
+            self.create_exclusive(&path, &key).await?
+        } else {
+            self.open_item(&path, &key, true).await?
+        };
         self.ns.forget_tree(&path);
         let la = LocalAttr {
             size: 0,
@@ -124,6 +144,51 @@ impl<S: ObjectStore> Filesystem<S> {
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
         let opened = self.staged_handle(attr.ino, item, true);
         Ok((attr, opened))
+    }
+
+    /// A write handle on a new file at `path`, or `Exists` (I12). A name this mount knows of
+    /// (being written, in the bucket as the caches or a lookup say, or being created by another
+    /// call now) exists. By default that is all: the create stays local and works offline, and
+    /// a collision with another machine ends as the object and a conflict copy. With
+    /// `--exclusive-create` the name is then claimed in the bucket (an empty object, made only
+    /// if none is there) before the create returns, so of two machines exactly one wins; the
+    /// file's upload replaces the claim, its precondition the claim's generation. Without the
+    /// bucket there is no claim, and the create fails.
+    async fn create_exclusive(&self, path: &str, key: &str) -> FsResult<ItemRef> {
+        let w = self.writer()?;
+        let _creating = self.claiming.take(path).ok_or(FsError::Exists)?;
+        if w.local_attr(key).is_some() {
+            return Err(FsError::Exists);
+        }
+        match self.ns.resolve(path).await {
+            Ok(_) => return Err(FsError::Exists),
+            Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        if !self.cfg.exclusive_create {
+            return w.open(key, None, true).await;
+        }
+        let claim = self.put_marked(path, false).await?;
+        // The claim's token is the claim's, not the file's.
+        let mut base = claim.clone();
+        base.metadata.remove(WRITER_KEY);
+        match w.open(key, Some(&base), true).await {
+            Ok(item) => {
+                // A change even if nothing is written: the empty file's upload replaces the
+                // claim, as any file's does.
+                w.set_mtime(&item, SystemTime::now()).await;
+                Ok(item)
+            }
+            Err(e) => {
+                // Nothing will be uploaded over the claim: give the name back.
+                let pre = Precondition::GenerationMatch(claim.generation);
+                if let Err(d) = self.ns.store().delete(key, pre).await {
+                    tracing::warn!(key, error = %d, "could not remove the claim of a create that failed; an empty file stays");
+                }
+                self.ns.forget_tree(path);
+                Err(e)
+            }
+        }
     }
 
     /// Reads from the bucket or the staged copy; the bytes returned are counted here, the one

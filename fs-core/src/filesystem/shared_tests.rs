@@ -552,3 +552,28 @@ fn changes_not_saved_survive_a_crash_and_are_never_uploaded() {
         assert_eq!(fs.start().await.unwrap(), 0);
     });
 }
+
+/// The same with a composite upload (a file past the single-shot threshold).
+#[tokio::test]
+async fn a_reader_opened_before_a_writer_reads_a_composite_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+    store.insert("big", old.clone());
+    let fs = machine(&store, dir.path(), "m1", Duration::ZERO);
+    let attr = fs.lookup(ROOT_INO, "big").await.unwrap();
+    let r = fs.open(attr.ino, OpenMode::default()).await.unwrap();
+    assert_eq!(fs.read(r.fh, 0, 10).await.unwrap()[..], old[..10]);
+    let w = fs.open(attr.ino, W).await.unwrap();
+    fs.write(w.fh, 200_000, &[5u8; 50_000]).await.unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("big").unwrap().len(), 250_000);
+    assert_eq!(
+        &fs.read(r.fh, 200_000, 100).await.unwrap()[..],
+        &[5u8; 100][..],
+        "the earlier reader reads the appended bytes from the new generation"
+    );
+    fs.release(r.fh).await;
+}

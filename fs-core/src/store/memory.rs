@@ -15,6 +15,9 @@
 //!   and reproducible). Each decision is a hash of the seed, the operation, the key and how many
 //!   requests of that operation on that key came before, so it does not depend on how requests
 //!   to other keys interleave.
+//! - [`MemoryStore::lose_next_answers`]: the next `n` writes have their effect and then fail
+//!   (a lost answer), whatever else is set; with [`MemoryStore::set_retry`] the retry then
+//!   meets the first try's effect.
 //! - [`MemoryStore::set_offline`]: every request fails before its effect (a dead link).
 //! - [`MemoryStore::set_link`]: reads take the time a shaped link would give them (a latency,
 //!   a per-stream rate, a total rate shared by the streams), on tokio's clock.
@@ -176,6 +179,8 @@ pub struct MemoryStore {
     finished: Mutex<HashMap<String, ObjectMeta>>,
     /// The next this-many last chunks of resumable uploads land, then lose their answer.
     lose_final_answers: AtomicU64,
+    /// The next this-many writes (of any kind) land, then lose their answer.
+    lose_next_answers: AtomicU64,
     link: Mutex<Option<LinkModel>>,
     /// Reads passing through the link now.
     streams: AtomicU64,
@@ -205,6 +210,13 @@ impl MemoryStore {
     /// their last chunk (a later query of the session answers with the object, as GCS does).
     pub fn lose_final_answers(&self, n: u64) {
         self.lose_final_answers.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` writes (puts, composes, copies, deletes, metadata patches, resumable
+    /// requests) have their effect and then fail with a transient error: the answer is lost.
+    /// A write that fails for another reason (a precondition, say) does not use one up.
+    pub fn lose_next_answers(&self, n: u64) {
+        self.lose_next_answers.store(n, Ordering::SeqCst);
     }
 
     /// Makes every later read take the time `link` gives it: its latency, then its bytes at
@@ -313,6 +325,21 @@ impl MemoryStore {
         }
         if plan.fail_after {
             return Err(transient("injected: the response was lost"));
+        }
+        result
+    }
+
+    /// [`Self::end`] for a write: a write that had its effect may lose its answer
+    /// ([`Self::lose_next_answers`]).
+    async fn end_write<T>(&self, plan: Plan, result: StoreResult<T>) -> StoreResult<T> {
+        let lose = result.is_ok()
+            && self
+                .lose_next_answers
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        let result = self.end(plan, result).await;
+        if lose && result.is_ok() {
+            return Err(transient("injected: the write landed, its answer was lost"));
         }
         result
     }
@@ -459,7 +486,7 @@ impl MemoryStore {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("put", key).await?;
         let result = self.commit(key, data, pre, opts);
-        self.end(plan, result).await
+        self.end_write(plan, result).await
     }
 
     async fn once_start_resumable(
@@ -487,7 +514,7 @@ impl MemoryStore {
             key: key.to_string(),
             url,
         };
-        self.end(plan, Ok(session)).await
+        self.end_write(plan, Ok(session)).await
     }
 
     async fn once_upload_chunk(
@@ -500,7 +527,7 @@ impl MemoryStore {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("upload_chunk", &session.key).await?;
         let result = self.chunk(session, offset, data, total);
-        self.end(plan, result).await
+        self.end_write(plan, result).await
     }
 
     async fn once_compose(
@@ -513,7 +540,7 @@ impl MemoryStore {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("compose", dest).await?;
         let result = self.compose_now(sources, dest, pre, opts);
-        self.end(plan, result).await
+        self.end_write(plan, result).await
     }
 
     async fn once_copy(
@@ -543,7 +570,7 @@ impl MemoryStore {
                 }
             }
         };
-        self.end(plan, result).await
+        self.end_write(plan, result).await
     }
 
     async fn once_delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
@@ -559,7 +586,7 @@ impl MemoryStore {
                 Err(StoreError::not_found(key))
             }
         };
-        self.end(plan, result).await
+        self.end_write(plan, result).await
     }
 
     async fn once_update_metadata(
@@ -587,7 +614,7 @@ impl MemoryStore {
                     Ok(stored.meta.clone())
                 })
         };
-        self.end(plan, result).await
+        self.end_write(plan, result).await
     }
 }
 

@@ -98,6 +98,13 @@ impl Posix {
 /// gcsfuse's, so links made by either tool read the same in both. The object's content is empty.
 pub const SYMLINK_KEY: &str = "gcsfuse_symlink_target";
 
+/// Metadata key naming the mount that wrote an object it must later recognise as its own
+/// when a retry finds it: an exclusive create's claim and a `mkdir` marker (the mount's cache
+/// directory tag and a token of that one request), and an uploaded empty file (the tag
+/// alone). Every empty object has the same CRC32C and size, so for those only this tells a
+/// write of ours whose answer was lost from another machine's.
+pub const WRITER_KEY: &str = "bucketdrive-writer";
+
 /// What the filesystem needs to know about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {

@@ -38,7 +38,7 @@ use self::listing::{shown, utf16_len, Age, Edit, Kept, Listing};
 use super::names::{directory_names, fold, from_windows, to_windows};
 use super::{attributes, from_filetime, to_filetime};
 use crate::error::{FsError, FsResult};
-use crate::filesystem::{Filesystem, OpenMode, TEMP_DIR};
+use crate::filesystem::{CreateFlags, Filesystem, OpenMode, TEMP_DIR};
 use crate::namespace::{Attr, Ino, Kind, ROOT_INO};
 use crate::store::ObjectStore;
 
@@ -99,12 +99,18 @@ pub struct OpenOptions {
     /// deletion at cleanup without asking [`Volume::set_delete`] first, so a non-empty
     /// directory is refused here, as FAT and NTFS refuse it.
     pub delete_on_close: bool,
+    /// The disposition is `FILE_CREATE` (`CREATE_NEW`): the program asked for a new name, not
+    /// for whatever the name holds (`FILE_OPEN_IF` and `FILE_OVERWRITE_IF` reach create too,
+    /// once the name was not found). WinFsp passes the disposition in the options' top byte.
+    pub create_new: bool,
 }
 
 /// Windows create-option bits the volume understands.
 pub const FILE_DIRECTORY_FILE: u32 = 0x0000_0001;
 pub const FILE_NON_DIRECTORY_FILE: u32 = 0x0000_0040;
 pub const FILE_DELETE_ON_CLOSE: u32 = 0x0000_1000;
+/// The create disposition `FILE_CREATE`, in the create options' top byte.
+pub const FILE_CREATE: u32 = 0x0000_0002;
 
 impl OpenOptions {
     pub fn from_create_options(create_options: u32) -> Self {
@@ -112,6 +118,7 @@ impl OpenOptions {
             directory: create_options & FILE_DIRECTORY_FILE != 0,
             non_directory: create_options & FILE_NON_DIRECTORY_FILE != 0,
             delete_on_close: create_options & FILE_DELETE_ON_CLOSE != 0,
+            create_new: (create_options >> 24) & 0xff == FILE_CREATE,
         }
     }
 }
@@ -533,7 +540,10 @@ impl<S: ObjectStore> Volume<S> {
                 .await
                 .map(|attr| (attr, None))
         } else {
-            let created = self.fs.create(parent.ino, &name).await;
+            let flags = CreateFlags {
+                exclusive: opts.create_new,
+            };
+            let created = self.fs.create_with(parent.ino, &name, flags).await;
             created.map(|(attr, opened)| (attr, Some(opened.fh)))
         };
         let (attr, writer) = match made {

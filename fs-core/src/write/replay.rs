@@ -190,7 +190,7 @@ impl<S: ObjectStore> WriteBack<S> {
         self.bump_next_id(rec.id);
         self.bump_next_id(file);
         let work = StagingFile::open_partial(&path, len, ranges);
-        let held = held.then(|| FsError::Io(reason));
+        let held = held.then_some(FsError::Io(reason));
         tracing::warn!(key = %rec.key, size = len, "changes that were not saved before the mount stopped are kept staged; they are not uploaded until the file is saved again");
         let existing = self.by_key.lock().get(&rec.key).cloned();
         match existing {

@@ -13,9 +13,11 @@
 //! generation for a modified one. A precondition failure is checked before it is believed: a
 //! retried request whose first try landed (the answer was lost) also fails its precondition,
 //! so the object is read back, and if its CRC32C and size are those of this version (or of an
-//! earlier version of ours whose answer was lost) it is ours, not a conflict. Only an object
-//! someone else wrote makes a conflict: the bucket's object is left as it is and the local
-//! version is written beside it as `NAME.conflict-<UTC timestamp>`.
+//! earlier version of ours whose answer was lost) it is ours, not a conflict; an empty object
+//! is ours only if it also names this mount as its writer (`WRITER_KEY`), since every empty
+//! object has the same CRC32C and size. Only an object someone else wrote makes a conflict:
+//! the bucket's object is left as it is and the local version is written beside it as
+//! `NAME.conflict-<UTC timestamp>`.
 //!
 //! **Never mixed.** The bytes of a version never change while it is uploaded (the write path
 //! copies a version before editing it), and that is checked rather than trusted: every part's
@@ -41,7 +43,7 @@ use tracing::Instrument;
 use super::journal::{PartRecord, UploadState};
 use crate::store::{
     ChunkOutcome, ObjectMeta, ObjectStore, Precondition, StoreError, StoreErrorKind, StoreResult,
-    WriteOptions,
+    WriteOptions, WRITER_KEY,
 };
 
 /// GCS composes at most this many sources in one request.
@@ -233,7 +235,15 @@ where
     F: Fn(String, Precondition) -> Fut,
     Fut: std::future::Future<Output = StoreResult<ObjectMeta>>,
 {
-    let is = |m: &ObjectMeta, crc: u32, len: u64| m.crc32c == Some(crc) && m.size == len;
+    // Every empty object has the same CRC32C and size: an empty one is ours only if it names
+    // this mount as its writer, as our empty uploads do (another machine's claim, or its own
+    // empty file, is not a lost answer of ours).
+    let writer = job.opts.metadata.get(WRITER_KEY);
+    let is = |m: &ObjectMeta, crc: u32, len: u64| {
+        m.crc32c == Some(crc)
+            && m.size == len
+            && (len > 0 || (writer.is_some() && m.metadata.get(WRITER_KEY) == writer))
+    };
     let err = match write(job.key.clone(), job.precondition).await {
         // The object made must be this version (a resumed session may answer with the object
         // an earlier version of ours finished).

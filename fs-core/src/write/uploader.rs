@@ -23,7 +23,9 @@ use super::item::{Life, Shared, Version};
 use super::journal::UploadState;
 use super::upload::{upload, Outcome, UploadJob, UploadSource};
 use super::writeback::{content_type, WriteBack};
-use crate::store::{mtime_metadata, ObjectStore, Precondition, StoreErrorKind, WriteOptions};
+use crate::store::{
+    mtime_metadata, ObjectStore, Precondition, StoreErrorKind, WriteOptions, WRITER_KEY,
+};
 
 /// What one pass of the loop decided.
 enum Step {
@@ -108,6 +110,13 @@ impl<S: ObjectStore> WriteBack<S> {
             ..Default::default()
         };
         opts.metadata.extend(mtime_metadata(v.mtime));
+        // An empty file names the mount that wrote it: every empty object has its CRC32C and
+        // size, so only this tells our own landed write from another machine's (I4, I12).
+        opts.metadata.remove(WRITER_KEY);
+        if v.size == 0 {
+            opts.metadata
+                .insert(WRITER_KEY.to_string(), self.dir.tag().to_string());
+        }
         let precondition = match &it.base {
             Some((k, g)) if *k == it.key => Precondition::GenerationMatch(*g),
             _ => Precondition::DoesNotExist,

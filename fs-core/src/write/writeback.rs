@@ -168,6 +168,12 @@ impl<S: ObjectStore> WriteBack<S> {
         &self.cfg
     }
 
+    /// The cache directory's tag: the same across restarts, so what this mount wrote is still
+    /// recognised as its own after a crash.
+    pub fn tag(&self) -> &str {
+        self.dir.tag()
+    }
+
     pub(super) fn new_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::SeqCst)
     }

@@ -16,16 +16,19 @@ const FILE: OpenOptions = OpenOptions {
     directory: false,
     non_directory: true,
     delete_on_close: false,
+    create_new: false,
 };
 const DIR: OpenOptions = OpenOptions {
     directory: true,
     non_directory: false,
     delete_on_close: false,
+    create_new: false,
 };
 const ANY: OpenOptions = OpenOptions {
     directory: false,
     non_directory: false,
     delete_on_close: false,
+    create_new: false,
 };
 
 struct Fixture {
@@ -1295,4 +1298,66 @@ mod review {
             "open: {open_ok}; second mkdir: {again_ok}; {keys:?}"
         );
     }
+}
+
+/// WinFsp passes the create disposition in the options' top byte: only `FILE_CREATE`
+/// (`CREATE_NEW`) asks for a new name; `FILE_OPEN_IF` and `FILE_OVERWRITE_IF` reach create too.
+#[test]
+fn the_disposition_says_which_creates_must_be_new() {
+    let opts = |disposition: u32| {
+        OpenOptions::from_create_options(disposition << 24 | FILE_NON_DIRECTORY_FILE)
+    };
+    assert!(opts(FILE_CREATE).create_new);
+    assert!(opts(FILE_CREATE).non_directory);
+    for other in [0, 1, 3, 4, 5] {
+        assert!(!opts(other).create_new, "disposition {other}");
+    }
+}
+
+/// `CREATE_NEW` of one name on two machines with `--exclusive-create`: exactly one wins, the
+/// other gets a name collision, and the bucket ends with the winner's bytes (I12).
+#[tokio::test]
+async fn create_new_on_two_volumes_lets_exactly_one_win() {
+    let store = Arc::new(MemoryStore::new());
+    let dir = tempfile::tempdir().unwrap();
+    let volume = |name: &str| {
+        let mut w = WriteConfig::new(dir.path().join(name));
+        w.write_back_delay = Duration::from_millis(0);
+        let mut cfg = MountConfig::new("bkt");
+        cfg.exclusive_create = true;
+        let fs = Filesystem::with_write(store.clone(), cfg, w).unwrap();
+        Volume::new(Arc::new(fs), "bkt")
+    };
+    let (a, b) = (volume("a"), volume("b"));
+    let new = OpenOptions {
+        create_new: true,
+        ..FILE
+    };
+    for v in [&a, &b] {
+        assert!(matches!(
+            v.open(r"\New.txt", FILE).await,
+            Err(FsError::NotFound)
+        ));
+    }
+    let (ra, rb) = tokio::join!(a.create(r"\New.txt", new, 0), b.create(r"\New.txt", new, 0));
+    let (winner, opened, lost) = match (ra, rb) {
+        (Ok(o), Err(e)) => (&a, o, e),
+        (Err(e), Ok(o)) => (&b, o, e),
+        (ra, rb) => panic!("exactly one must win: {:?} / {:?}", ra.err(), rb.err()),
+    };
+    assert_eq!(lost, FsError::Exists);
+    assert_eq!(lost.ntstatus(), 0xC000_0035, "STATUS_OBJECT_NAME_COLLISION");
+    winner
+        .write(&opened.handle, 0, b"winner", false, false)
+        .await
+        .unwrap();
+    winner.cleanup(&opened.handle, false).await.unwrap();
+    winner.close(opened.handle).await;
+    a.filesystem().drain(false).await;
+    b.filesystem().drain(false).await;
+    assert_eq!(
+        store.object_bytes("New.txt").as_deref(),
+        Some(&b"winner"[..])
+    );
+    assert_eq!(store.keys(), vec!["New.txt"]);
 }
