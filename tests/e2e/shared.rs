@@ -944,7 +944,10 @@ fn reader_sees_append(bucket: &str, size: usize, land: bool, drop: bool) -> Resu
         drop_pages(&reader)?;
     }
     let started = Instant::now();
-    read_all_through(&reader, &want)?;
+    if let Err(e) = read_all_through(&reader, &want) {
+        eprintln!("the mount's log:\n{}", m.log_tail(80));
+        return Err(e);
+    }
     eprintln!(
         "{} bytes read through the first descriptor in {:?}",
         want.len(),

@@ -234,7 +234,7 @@ impl<S: ObjectStore> Filesystem<S> {
         if let Some(meta) = self
             .ns
             .current_meta(ino)
-            .filter(|m| m.generation != reader.generation())
+            .filter(|m| (m.generation, m.size) != (reader.generation(), reader.object_size()))
         {
             tracing::debug!(key = %meta.key, generation = meta.generation, "a reader moves to the generation this mount uploaded");
             let cache = match &self.read_cache {

@@ -186,6 +186,11 @@ impl<S: ObjectStore> Reader<S> {
         self.generation
     }
 
+    /// The size of the generation it reads.
+    pub fn object_size(&self) -> u64 {
+        self.size
+    }
+
     pub fn stats(&self) -> ReaderStats {
         self.stats
     }
