@@ -36,6 +36,8 @@ mod fsview;
 mod model;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
+#[path = "sim/shared.rs"]
+mod shared;
 
 use std::collections::BTreeSet;
 use std::future::Future;

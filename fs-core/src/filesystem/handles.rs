@@ -7,7 +7,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 
@@ -116,7 +115,7 @@ impl<S: ObjectStore> Filesystem<S> {
         self.ns.forget_tree(&path);
         let la = LocalAttr {
             size: 0,
-            mtime: SystemTime::now(),
+            mtime: crate::clock::now(),
             posix: Posix::default(),
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
