@@ -40,7 +40,7 @@
 //! list of invariants (e.g. `I8,I9`) whose failures are reported with their seeds but do not
 //! fail the test.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -136,8 +136,13 @@ struct Bucket {
     /// Versions destroyed by another writer entitled to (the outside writer, or a mount that saw
     /// the generation): not owed by their author any more.
     excused: HashSet<Digest>,
-    /// Which parties made or removed a generation of each name.
+    /// Which parties made or removed a generation of each name (a copy of another party's
+    /// bytes counts as theirs too).
     touched: BTreeMap<String, BTreeSet<Party>>,
+    /// Who first made each content.
+    author: HashMap<Digest, Party>,
+    /// Contents destroyed by a mount that never saw them (I8), and how.
+    destroyed_unseen: HashMap<Digest, String>,
     /// The first violation a scan found (a scan runs inside the lock step and cannot return).
     found: Option<Violation>,
     /// Invariants whose violations are recorded and passed over (`SIM_ALLOW`).
@@ -326,6 +331,11 @@ fn scan(bucket: &mut Bucket, mounts: &[Mount], store: &MemoryStore, party: Party
                         show_digest(gen.digest)
                     ),
                 ));
+                // Not excused: the version's author still needs it.
+                bucket
+                    .destroyed_unseen
+                    .insert(gen.digest, format!("mount {m} {how} {k}#{g}"));
+                continue;
             }
         }
         bucket.excused.insert(gen.digest);
@@ -344,6 +354,12 @@ fn scan(bucket: &mut Bucket, mounts: &[Mount], store: &MemoryStore, party: Party
             .insert(party);
         let known = bucket.all.contains(&d);
         bucket.all.insert(d);
+        let author = *bucket.author.entry(d).or_insert(party);
+        bucket
+            .touched
+            .entry(k.to_string())
+            .or_default()
+            .insert(author);
         bucket
             .bytes_under
             .entry(k.to_string())
@@ -931,6 +947,28 @@ impl Sim {
                 predicted.clone()
             }
         };
+        let theirs = got != predicted
+            && self.bucket.gens.iter().any(|((k, _), g)| {
+                *k == path && g.owner != Party::Mount(m) && g.digest == digest(&got)
+            });
+        if theirs {
+            // The mount shows another writer's generation after the save: the user's version
+            // was set aside (a conflict copy, if all is well) and is owed as it was written.
+            self.note(
+                Some(m),
+                format!(
+                    "  (after the save {path} shows another writer's {}; the user's {} is owed)",
+                    show(&got),
+                    show(&predicted)
+                ),
+            );
+            let mount = &mut self.mounts[m];
+            mount.model.ack(file);
+            mount.acked_ever.insert(digest(&predicted));
+            mount.model.set_current(file, got);
+            mount.remember();
+            return Ok(());
+        }
         if got != predicted {
             let mut bases: Vec<Vec<u8>> = vec![Vec::new(), base];
             bases.extend(f.acked.iter().cloned());
@@ -1381,6 +1419,10 @@ impl Sim {
         };
         let moved = self.mounts[m].model.live(from);
         let over = if found.is_ok() { " (over a file)" } else { "" };
+        // The rename may upload the file under its new name before it returns.
+        let history = &mut self.mounts[m].model.history;
+        let old = history.get(from).cloned().unwrap_or_default();
+        history.entry(to.to_string()).or_default().extend(old);
         let r = self.run(m, |fs| async move { fs.rename(p1, &n1, p2, &n2).await })?;
         if let Some(id) = moved {
             self.maybe(m, id);
@@ -1561,14 +1603,17 @@ impl Sim {
         self.faults_on = false;
         self.apply_faults();
         self.note(None, "faults off; closing every handle".into());
+        let mut stale = vec![BTreeSet::new(); self.mounts.len()];
         for m in 0..self.mounts.len() {
             for h in std::mem::take(&mut self.mounts[m].handles) {
                 let name = self.handle_name(m, &h);
+                let file = h.file;
                 let r = self.close(m, h)?;
                 self.note(Some(m), format!("close {name} -> {}", outcome(&r)));
                 // Some of the file's bytes belong to a generation another writer replaced: the
                 // changes stay staged, reported unsaved; the user was told.
                 if let Err(FsError::Stale) = r {
+                    stale[m].insert(file);
                     continue;
                 }
                 if let Err(e) = r {
@@ -1629,6 +1674,22 @@ impl Sim {
                     }
                     Ok(_) => self.mounts[m].unsaved = status.unsaved_files,
                 }
+            }
+        }
+        for (m, files) in stale.iter().enumerate() {
+            let kept = self.mounts[m].unsaved;
+            if (files.len() as u64) > kept {
+                let dropped = violation(
+                    "I9",
+                    "an edit whose base generation is gone was dropped, not kept staged",
+                    format!(
+                        "mount {m}: {} files' last changes could not be saved (their close said \
+                         the object changed) but after the drain the mount reports {kept} \
+                         unsaved: the changes were dropped",
+                        files.len()
+                    ),
+                );
+                self.soft(Err(dropped))?;
             }
         }
         let keys = self.store.keys();
@@ -1696,24 +1757,43 @@ impl Sim {
                     .path
                     .clone()
                     .unwrap_or_else(|| "(gone from its view)".into());
-                missing.push(format!("{name}: {}", show(acked)));
+                let how = forms
+                    .iter()
+                    .find_map(|d| self.bucket.destroyed_unseen.get(d).cloned());
+                let uploaded = forms.iter().any(|d| self.bucket.all.contains(d));
+                missing.push((format!("{name}: {}", show(acked)), how, uploaded));
             }
             if missing.is_empty() {
                 continue;
             }
+            let names: Vec<&str> = missing.iter().map(|(n, _, _)| n.as_str()).collect();
             if missing.len() as u64 <= mount.unsaved {
                 self.log.push(format!(
-                    "        mount {m} keeps {missing:?} staged, reported unsaved"
+                    "        mount {m} keeps {names:?} staged, reported unsaved"
                 ));
                 continue;
             }
+            let (class, why) = match &missing[0] {
+                (_, Some(how), _) => (
+                    "an acknowledged version was destroyed by a mount that never saw it",
+                    format!("; {how} without having seen it"),
+                ),
+                (_, None, true) => (
+                    "an acknowledged version was uploaded, then lost",
+                    String::new(),
+                ),
+                (_, None, false) => (
+                    "an acknowledged version was never uploaded nor kept",
+                    String::new(),
+                ),
+            };
             return Err(violation(
                 "I9",
-                "an acknowledged version was lost",
+                class,
                 format!(
-                    "after the drain the bucket holds no copy of mount {m}'s acknowledged {} \
+                    "after the drain the bucket holds no copy of mount {m}'s acknowledged {}{why} \
                      (the mount reports {} unsaved)",
-                    missing.join(", "),
+                    names.join(", "),
                     mount.unsaved
                 ),
             ));
