@@ -816,6 +816,11 @@ impl Sim {
         self.pick(&live)
     }
 
+    /// Names the operation under way, for the log line of a step that fails inside it.
+    fn doing(&mut self, m: usize, what: String) {
+        self.doing = format!("[mount {m}.{}] {what}", self.mounts[m].incarnation);
+    }
+
     // -- the model's view ----------------------------------------------------------------------
 
     /// The file at `path` vanished from mount `m`'s view, not by its user: its acknowledged
@@ -1036,6 +1041,8 @@ impl Sim {
 
     fn close(&mut self, m: usize, h: Handle) -> Check<FsResult<()>> {
         let fh = h.fh;
+        let name = self.handle_name(m, &h);
+        self.doing(m, format!("close {name}"));
         let r = self.run(m, |fs| async move {
             let r = fs.flush(fh).await;
             fs.release(fh).await;
@@ -1183,6 +1190,7 @@ impl Sim {
         let over = if found.is_ok() { " (over a file)" } else { "" };
         let len = self.size();
         let data = self.bytes(len);
+        self.doing(m, format!("create {path}{over}"));
         let r = self.run(m, |fs| async move { fs.create(parent, &name).await })?;
         let opened = match r {
             Ok((_, o)) => o,
@@ -1241,6 +1249,7 @@ impl Sim {
             show(&data),
             if append { " (append)" } else { "" }
         );
+        self.doing(m, what.clone());
         let r = self.run(m, |fs| fs.open(ino, W))?;
         let opened = match r {
             Ok(o) => o,
@@ -1271,6 +1280,7 @@ impl Sim {
         let len = self.size();
         let data = self.bytes(len);
         let what = format!("open {path} with O_TRUNC, write {}", show(&data));
+        self.doing(m, what.clone());
         let r = self.run(m, |fs| fs.open(ino, WT))?;
         let opened = match r {
             Ok(o) => o,
@@ -1343,6 +1353,7 @@ impl Sim {
         let h = self.mounts[m].handles[i].clone();
         let name = self.handle_name(m, &h);
         let fh = h.fh;
+        self.doing(m, format!("fsync {name}"));
         let r = self.run(m, |fs| fs.fsync(fh))?;
         self.note(Some(m), format!("fsync {name} -> {}", outcome(&r)));
         match r {
@@ -1368,6 +1379,7 @@ impl Sim {
             1 => base.len() + self.rng.gen_range(1..10_000),
             _ => self.rng.gen_range(0..=base.len()),
         };
+        self.doing(m, format!("truncate {path} to {len}"));
         let r = self.run(m, |fs| fs.setattr(ino, Some(len as u64), None, None))?;
         self.note(
             Some(m),
@@ -1423,6 +1435,7 @@ impl Sim {
         let history = &mut self.mounts[m].model.history;
         let old = history.get(from).cloned().unwrap_or_default();
         history.entry(to.to_string()).or_default().extend(old);
+        self.doing(m, format!("rename {from} -> {to}{over}"));
         let r = self.run(m, |fs| async move { fs.rename(p1, &n1, p2, &n2).await })?;
         if let Some(id) = moved {
             self.maybe(m, id);
@@ -1465,6 +1478,7 @@ impl Sim {
         let Some((parent, name)) = self.parent(m, &path)? else {
             return Ok(true);
         };
+        self.doing(m, format!("unlink {path}"));
         let r = self.run(m, |fs| async move { fs.unlink(parent, &name).await })?;
         self.note(Some(m), format!("unlink {path} -> {}", outcome(&r)));
         match r {
