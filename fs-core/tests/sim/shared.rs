@@ -147,8 +147,12 @@ struct Bucket {
     found: Option<Violation>,
     /// Invariants whose violations are recorded and passed over (`SIM_ALLOW`).
     allow: BTreeSet<String>,
+    /// A violation whose class contains this is never passed over (`SIM_CLASS`).
+    fatal: Option<String>,
     /// Violations passed over.
     tolerated: Vec<Violation>,
+    /// The kind of operation under way, which names a scan's violations' class.
+    ctx: String,
     /// Log lines the scans made, taken by the next note.
     lines: Vec<String>,
 }
@@ -390,8 +394,15 @@ fn scan(bucket: &mut Bucket, mounts: &[Mount], store: &MemoryStore, party: Party
 
 impl Bucket {
     /// A violation found by a scan: kept for the step to return, or passed over if allowed.
-    fn flag(&mut self, v: Violation) {
-        if self.allow.contains(v.inv) {
+    fn flag(&mut self, mut v: Violation) {
+        if !v.class.contains(" (in ") {
+            v.class = format!("{} (in {})", v.class, self.ctx);
+        }
+        let fatal = self
+            .fatal
+            .as_ref()
+            .is_some_and(|f| v.class.contains(f.as_str()));
+        if self.allow.contains(v.inv) && !fatal {
             self.lines
                 .push(format!("VIOLATION (allowed) [{}] {}", v.inv, v.detail));
             self.tolerated.push(v);
@@ -610,6 +621,7 @@ impl Sim {
             mounts: list,
             bucket: Bucket {
                 allow: allow.clone(),
+                fatal: std::env::var("SIM_CLASS").ok().filter(|c| !c.is_empty()),
                 ..Bucket::default()
             },
             now: Duration::ZERO,
@@ -818,6 +830,7 @@ impl Sim {
 
     /// Names the operation under way, for the log line of a step that fails inside it.
     fn doing(&mut self, m: usize, what: String) {
+        self.bucket.ctx = what.split(' ').next().unwrap_or_default().to_string();
         self.doing = format!("[mount {m}.{}] {what}", self.mounts[m].incarnation);
     }
 
@@ -1111,6 +1124,7 @@ impl Sim {
             let m = self.rng.gen_range(0..self.mounts.len());
             let kind = self.choose(m);
             self.doing = format!("[mount {m}.{}] {kind:?}", self.mounts[m].incarnation);
+            self.bucket.ctx = format!("{kind:?} step").to_lowercase();
             let done = match kind {
                 Step::Create => self.op_create(m)?,
                 Step::OpenWrite => self.op_open_write(m, false)?,
@@ -1818,7 +1832,14 @@ impl Sim {
     /// A violation that `SIM_ALLOW` names is recorded and passed over.
     fn soft(&mut self, r: Check) -> Check {
         match r {
-            Err(v) if self.bucket.allow.contains(v.inv) => {
+            Err(v)
+                if self.bucket.allow.contains(v.inv)
+                    && !self
+                        .bucket
+                        .fatal
+                        .as_ref()
+                        .is_some_and(|f| v.class.contains(f.as_str())) =>
+            {
                 self.bucket.flag(v);
                 Ok(())
             }
@@ -1838,11 +1859,13 @@ impl Sim {
                 self.step = i;
                 self.rng = StdRng::seed_from_u64(mix(self.seed, 0x57e9_0000 + i as u64));
                 self.doing = "[outside]".into();
+                self.bucket.ctx = "outside step".into();
                 self.one_step()?;
                 self.hooks()?;
             }
             self.step = ops + 1;
             self.doing = "the final drain".into();
+            self.bucket.ctx = "final drain".into();
             self.finish()
         })();
         if r.is_err() {
