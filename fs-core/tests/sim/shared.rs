@@ -1631,8 +1631,9 @@ impl Sim {
         self.faults_on = false;
         self.apply_faults();
         self.note(None, "faults off; closing every handle".into());
-        let mut stale = vec![BTreeSet::new(); self.mounts.len()];
+        let mut stale: Vec<BTreeSet<FileId>> = Vec::new();
         for m in 0..self.mounts.len() {
+            let mut mine = BTreeSet::new();
             for h in std::mem::take(&mut self.mounts[m].handles) {
                 let name = self.handle_name(m, &h);
                 let file = h.file;
@@ -1641,7 +1642,7 @@ impl Sim {
                 // Some of the file's bytes belong to a generation another writer replaced: the
                 // changes stay staged, reported unsaved; the user was told.
                 if let Err(FsError::Stale) = r {
-                    stale[m].insert(file);
+                    mine.insert(file);
                     continue;
                 }
                 if let Err(e) = r {
@@ -1653,7 +1654,10 @@ impl Sim {
                 }
             }
             self.mounts[m].model.gc(&BTreeSet::new());
+            stale.push(mine);
         }
+        self.doing = "the final drain".into();
+        self.bucket.ctx = "final drain".into();
         // A drain of one mount can make work for another (a conflict it then sees): twice.
         for round in 0..2 {
             for m in 0..self.mounts.len() {
@@ -1917,13 +1921,19 @@ struct RunCfg {
     allow: BTreeSet<String>,
 }
 
-fn run_seed(seed: u64, cfg: &RunCfg, keep: Option<&BTreeSet<usize>>) -> Result<Passed, Failure> {
-    let fail = |v: Violation| Failure {
-        seed,
-        violation: v,
-        step: 0,
-        params: String::new(),
-        log: Vec::new(),
+fn run_seed(
+    seed: u64,
+    cfg: &RunCfg,
+    keep: Option<&BTreeSet<usize>>,
+) -> Result<Passed, Box<Failure>> {
+    let fail = |v: Violation| {
+        Box::new(Failure {
+            seed,
+            violation: v,
+            step: 0,
+            params: String::new(),
+            log: Vec::new(),
+        })
     };
     let mut sim = match std::panic::catch_unwind(|| Sim::new(seed, cfg.mounts, &cfg.allow)) {
         Ok(Ok(sim)) => sim,
@@ -1957,13 +1967,13 @@ fn run_seed(seed: u64, cfg: &RunCfg, keep: Option<&BTreeSet<usize>>) -> Result<P
             log,
             tolerated: std::mem::take(&mut sim.bucket.tolerated),
         }),
-        Err(violation) => Err(Failure {
+        Err(violation) => Err(Box::new(Failure {
             seed,
             violation,
             step: sim.step,
             params,
             log,
-        }),
+        })),
     }
 }
 
@@ -1989,7 +1999,7 @@ fn reduce(seed: u64, cfg: &RunCfg, first: &Failure) -> (Vec<usize>, Failure) {
     let fails = |steps: &[usize]| -> Option<Failure> {
         let set: BTreeSet<usize> = steps.iter().copied().collect();
         match run_seed(seed, cfg, Some(&set)) {
-            Err(f) if class_of(&f.violation) == class => Some(f),
+            Err(f) if class_of(&f.violation) == class => Some(*f),
             _ => None,
         }
     };
