@@ -8,6 +8,7 @@
 
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod filesystem;

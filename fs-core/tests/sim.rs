@@ -22,6 +22,10 @@
 //! as it would be after it ("ATOMIC"), and reading through the filesystem must show what the
 //! user wrote ("VIEW").
 //!
+//! `sim/shared.rs` holds the multi-mount simulation (`sim_shared_seeds`): two or three mounts
+//! and an outside writer on one bucket, checking I8 (nobody else's bytes are destroyed), I9
+//! (every acknowledged version of every mount survives) and I4 as it reads with other writers.
+//!
 //! Environment: `SIM_SEED=N` runs seed N alone (and prints its whole log); `SIM_SEEDS=K` runs
 //! seeds 0..K (default 40); `SIM_OPS=N` operations per seed (default 60); `SIM_VERBOSE=1` prints
 //! the log of every failing seed, not only the first; `SIM_LOG=warn|info|debug` interleaves the
@@ -36,6 +40,8 @@ mod fsview;
 mod model;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
+#[path = "sim/shared.rs"]
+mod shared;
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -355,7 +355,7 @@ impl<S: ObjectStore> Filesystem<S> {
         dst_key: &str,
     ) -> FsResult<()> {
         let w = self.writer()?;
-        let saved_path = conflict_key(to, SystemTime::now());
+        let saved_path = conflict_key(to, crate::clock::now(), w.tag());
         let saved_key = self.ns.key_of(&saved_path);
         tracing::error!(key = %dst_key, saved_as = %saved_key, "conflict: another writer's object is at the target of a rename; it is left as it is and the renamed file was saved beside it");
         let copied = self
@@ -510,7 +510,7 @@ impl<S: ObjectStore> Filesystem<S> {
             };
             let result = match self.copy_checked(o, &dest, pre).await {
                 Err(FsError::Stale) => {
-                    let saved_as = conflict_key(&dest, SystemTime::now());
+                    let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
                     tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
                     w.note_conflict();
                     self.copy_checked(o, &saved_as, Precondition::DoesNotExist)

@@ -12,7 +12,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 
@@ -138,7 +137,7 @@ impl<S: ObjectStore> Filesystem<S> {
         self.ns.forget_tree(&path);
         let la = LocalAttr {
             size: 0,
-            mtime: SystemTime::now(),
+            mtime: crate::clock::now(),
             posix: Posix::default(),
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
@@ -176,7 +175,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Ok(item) => {
                 // A change even if nothing is written: the empty file's upload replaces the
                 // claim, as any file's does.
-                w.set_mtime(&item, SystemTime::now()).await;
+                w.set_mtime(&item, crate::clock::now()).await;
                 Ok(item)
             }
             Err(e) => {

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -279,6 +279,21 @@ impl MemoryStore {
         self.objects.lock().get(key).map(|s| s.data.clone())
     }
 
+    /// Deletes an object unconditionally, with no fault, delay or count; a test convenience
+    /// (a writer outside the filesystem). Whether there was one.
+    pub fn remove(&self, key: &str) -> bool {
+        self.objects.lock().remove(key).is_some()
+    }
+
+    /// Every live object: its name, generation and bytes, in name order.
+    pub fn objects(&self) -> Vec<(String, i64, Bytes)> {
+        self.objects
+            .lock()
+            .iter()
+            .map(|(k, s)| (k.clone(), s.meta.generation, s.data.clone()))
+            .collect()
+    }
+
     /// Names of all live objects, in order.
     pub fn keys(&self) -> Vec<String> {
         self.objects.lock().keys().cloned().collect()
@@ -402,7 +417,7 @@ impl MemoryStore {
             metageneration: 1,
             size: data.len() as u64,
             crc32c: Some(crc),
-            updated: SystemTime::now(),
+            updated: crate::clock::now(),
             content_type: opts.content_type.clone(),
             metadata: opts.metadata.clone(),
         };
@@ -610,7 +625,7 @@ impl MemoryStore {
                         .ok_or_else(|| StoreError::not_found(key))?;
                     stored.meta.metadata.extend(metadata.clone());
                     stored.meta.metageneration += 1;
-                    stored.meta.updated = SystemTime::now();
+                    stored.meta.updated = crate::clock::now();
                     Ok(stored.meta.clone())
                 })
         };

@@ -17,7 +17,7 @@
 //! is ours only if it also names this mount as its writer (`WRITER_KEY`), since every empty
 //! object has the same CRC32C and size. Only an object someone else wrote makes a conflict:
 //! the bucket's object is left as it is and the local version is written beside it as
-//! `NAME.conflict-<UTC timestamp>`.
+//! `NAME.conflict-<UTC timestamp>-<mount tag>`.
 //!
 //! **Never mixed.** The bytes of a version never change while it is uploaded (the write path
 //! copies a version before editing it), and that is checked rather than trusted: every part's
@@ -126,6 +126,9 @@ pub struct UploadJob {
     pub parts_prefix: String,
     /// (CRC32C, size) of earlier versions of ours that may have landed unseen.
     pub maybe_landed: Vec<(u32, u64)>,
+    /// This mount's tag (its cache directory's), which ends the name of a conflict copy, so
+    /// two mounts saving conflict copies of one name at the same second never collide.
+    pub conflict_tag: String,
 }
 
 /// How an upload ended.
@@ -139,12 +142,13 @@ pub enum Outcome {
     Rebased(ObjectMeta),
 }
 
-/// The conflict copy's name for `key` at time `now`: `KEY.conflict-20261129T231500Z`.
-pub fn conflict_key(key: &str, now: SystemTime) -> String {
+/// The conflict copy's name for `key` made at time `now` by the mount tagged `tag`:
+/// `KEY.conflict-20261129T231500Z-<tag>`.
+pub fn conflict_key(key: &str, now: SystemTime, tag: &str) -> String {
     let stamp = humantime::format_rfc3339_seconds(now)
         .to_string()
         .replace(['-', ':'], "");
-    format!("{key}.conflict-{stamp}")
+    format!("{key}.conflict-{stamp}-{tag}")
 }
 
 /// The error of an upload whose local bytes do not match the version's CRC32C.
@@ -278,7 +282,7 @@ where
         Err(e) if e.kind == StoreErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let saved_as = conflict_key(&job.key, SystemTime::now());
+    let saved_as = conflict_key(&job.key, crate::clock::now(), &job.conflict_tag);
     tracing::error!(
         key = %job.key,
         saved_as = %saved_as,

@@ -128,6 +128,7 @@ impl<S: ObjectStore> WriteBack<S> {
             opts,
             crc32c: v.crc32c,
             maybe_landed: it.maybe_landed.clone(),
+            conflict_tag: self.dir.tag().to_string(),
         };
         Step::Upload(Box::new(Prepared {
             file: self.dir.staging_path(v.id),

@@ -255,7 +255,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 work,
                 work_named: named,
                 forgotten_unsynced: false,
-                mtime: base.map(ObjectMeta::mtime).unwrap_or_else(SystemTime::now),
+                mtime: base
+                    .map(ObjectMeta::mtime)
+                    .unwrap_or_else(crate::clock::now),
                 metadata: base
                     .map(|m| {
                         let mut md = m.metadata.clone();
@@ -520,7 +522,7 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         it.work.write_at(offset, data)?;
         it.edits += 1;
-        it.mtime = SystemTime::now();
+        it.mtime = crate::clock::now();
         shared.publish(it);
         Ok(())
     }
@@ -553,7 +555,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         it.edits += 1;
-        it.mtime = SystemTime::now();
+        it.mtime = crate::clock::now();
         shared.publish(it);
         self.recharge(shared, it);
         Ok(())

@@ -30,6 +30,7 @@ fn job(key: &str, pre: Precondition, data: &[u8]) -> UploadJob {
         crc32c: crc32c::crc32c(data),
         parts_prefix: ".bucketdrive-parts/tag/0000000000000001-00000000/".into(),
         maybe_landed: Vec::new(),
+        conflict_tag: "tag".into(),
     }
 }
 
@@ -213,11 +214,11 @@ async fn resumable_upload_resumes_its_session() {
 }
 
 #[test]
-fn conflict_names_are_utc_stamped() {
+fn conflict_names_are_utc_stamped_and_carry_the_mount_tag() {
     let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_796_000_000);
     assert_eq!(
-        conflict_key("a/b.txt", t),
-        "a/b.txt.conflict-20261130T005320Z"
+        conflict_key("a/b.txt", t, "0123abcd"),
+        "a/b.txt.conflict-20261130T005320Z-0123abcd"
     );
 }
 
