@@ -18,6 +18,9 @@ pub struct MountConfig {
     pub negative_ttl: Duration,
     /// Upper bound on entries in each metadata cache.
     pub cache_entries: u64,
+    /// About how many bytes the last known state of listed directories may take (what lookups
+    /// and listings answer from while the bucket cannot be reached).
+    pub last_known_bytes: u64,
     pub uid: u32,
     pub gid: u32,
     pub file_mode: u16,
@@ -52,6 +55,7 @@ impl MountConfig {
             stat_ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
             cache_entries: 100_000,
+            last_known_bytes: 64 * 1024 * 1024,
             uid: 0,
             gid: 0,
             file_mode: 0o644,

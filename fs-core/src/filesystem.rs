@@ -365,11 +365,14 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
+    /// What `status` reports: the write path's snapshot, and whether the mount is offline.
     pub async fn write_status(&self) -> Status {
-        match &self.write {
+        let mut status = match &self.write {
             Some(w) => w.status().await,
             None => Status::default(),
-        }
+        };
+        status.offline = self.ns.is_offline();
+        status
     }
 
     /// Number of open file handles.
@@ -383,6 +386,8 @@ mod changes;
 #[cfg(test)]
 mod exclusive;
 mod handles;
+#[cfg(test)]
+mod offline_tests;
 #[cfg(test)]
 mod regressions;
 #[cfg(test)]

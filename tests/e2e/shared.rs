@@ -22,7 +22,8 @@
 //!   `mkdir` of one new name: exactly one wins, 0.3 s apart (`mkdir_on_two_mounts_lets_one_win`)
 //!   and at the same moment (`mkdir_at_the_same_moment_on_two_mounts_lets_one_win`).
 //! - **Offline listing.** A folder listed before the link went down stays listable, with the
-//!   files written since (`offline_folder_lists_old_and_new_files`).
+//!   files written since, and `status` and the log say the mount is offline until the link is
+//!   back (`offline_folder_lists_old_and_new_files`).
 //! - **Other tools' changes show.** A same-size replacement is read new, with its new mtime,
 //!   after the stat TTL, with and without the read cache
 //!   (`same_size_replacement_is_read_new_after_the_ttl*`).
@@ -727,6 +728,16 @@ fn offline_folder_lists_old_and_new_files() -> Result<()> {
         listed == expected,
         "offline listing: {listed:?}, want {expected:?}"
     );
+    let status = m.command("status", &[])?;
+    anyhow::ensure!(
+        status.contains("offline:"),
+        "status says the mount is offline: {status}"
+    );
+    anyhow::ensure!(
+        m.log_text().contains("the mount is offline"),
+        "the log says the mount is offline:\n{}",
+        m.log_tail(20)
+    );
 
     proxy.up()?;
     m.wait_uploaded(DRAIN)?;
@@ -737,6 +748,16 @@ fn offline_folder_lists_old_and_new_files() -> Result<()> {
             "{key} landed byte for byte"
         );
     }
+    let status = m.command("status", &[])?;
+    anyhow::ensure!(
+        !status.contains("offline"),
+        "back online once the uploads landed: {status}"
+    );
+    anyhow::ensure!(
+        m.log_text().contains("back online"),
+        "the log says the mount is back online:\n{}",
+        m.log_tail(20)
+    );
     m.unmount()
 }
 

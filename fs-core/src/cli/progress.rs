@@ -139,6 +139,12 @@ pub fn wait_with_progress(request: Request, first: Status, drain: bool) -> Resul
 }
 
 pub fn print_status(s: &Status, rate: Option<f64>) {
+    if s.offline {
+        println!(
+            "offline:   the bucket cannot be reached; listings show the last state seen and \
+             changes wait to upload"
+        );
+    }
     println!(
         "pending:   {} files, {:.1} MiB",
         s.pending_files,

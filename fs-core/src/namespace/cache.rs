@@ -12,6 +12,10 @@
 //! `cp -r` or `tar x` of thousands of new files from paying a round trip per file just to learn
 //! that the name is free. A name it does hold still goes to the stat cache or the bucket, so an
 //! evicted stat entry can never turn into a wrong "not there".
+//!
+//! The same changes also keep the *last known state* current ([`super::offline::LastKnown`]):
+//! each directory's last whole listing with its entries, kept far longer than these TTLs and
+//! bounded in bytes, which answers only while the bucket cannot be reached.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use moka::sync::Cache;
 use parking_lot::Mutex;
 
 use super::inode::Kind;
+use super::offline::LastKnown;
 use crate::store::{ObjectMeta, SYMLINK_KEY};
 
 /// What a path was last seen to be.
@@ -55,6 +60,8 @@ pub struct MetaCache {
     /// `readdir` from it, unless we learn that a name came or went (see
     /// [`Self::kernel_listing_fresh`]).
     kernel: Cache<String, Arc<HashSet<String>>>,
+    /// Every directory's last whole listing, for when the bucket cannot be reached.
+    known: LastKnown,
 }
 
 /// Splits a path into its directory and its last component.
@@ -66,8 +73,16 @@ fn split(path: &str) -> (&str, &str) {
 }
 
 impl MetaCache {
-    pub fn new(capacity: u64, stat_ttl: Duration, negative_ttl: Duration) -> Self {
+    /// Caches of `capacity` entries each; the last known state takes at most about
+    /// `last_known_bytes`.
+    pub fn new(
+        capacity: u64,
+        stat_ttl: Duration,
+        negative_ttl: Duration,
+        last_known_bytes: u64,
+    ) -> Self {
         MetaCache {
+            known: LastKnown::new(last_known_bytes),
             stat: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
@@ -111,6 +126,17 @@ impl MetaCache {
     /// and no name has come or gone since, as far as this mount has seen.
     pub fn kernel_listing_fresh(&self, dir: &str) -> bool {
         self.kernel.contains_key(dir)
+    }
+
+    /// The kernel's copy of `dir`'s listing may not be kept past this pass (it was answered
+    /// from the last known state).
+    pub fn forget_kernel_listing(&self, dir: &str) {
+        self.kernel.invalidate(dir);
+    }
+
+    /// The last known state, for answers while the bucket cannot be reached.
+    pub fn last_known(&self) -> &LastKnown {
+        &self.known
     }
 
     /// `path` exists (`present`) or not: the kernel's listing of its directory is stale if it
@@ -163,6 +189,7 @@ impl MetaCache {
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().insert(name.to_string());
         }
+        self.known.set(path, entry.clone());
         self.stat.insert(path.to_string(), entry);
     }
 
@@ -184,6 +211,7 @@ impl MetaCache {
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().remove(name);
         }
+        self.known.remove(path);
         self.negative.insert(path.to_string(), ());
     }
 
@@ -228,6 +256,7 @@ impl MetaCache {
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().insert(name.to_string());
         }
+        self.known.forget_tree(path);
     }
 }
 
@@ -239,7 +268,12 @@ mod tests {
     /// and everything under it.
     #[test]
     fn a_forgotten_tree_is_gone_from_every_cache() {
-        let c = MetaCache::new(100, Duration::from_secs(60), Duration::from_secs(60));
+        let c = MetaCache::new(
+            100,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            1 << 20,
+        );
         c.insert("d", Entry::Dir);
         c.insert("d/x", Entry::Dir);
         c.insert_missing("d/gone");
@@ -256,7 +290,12 @@ mod tests {
 
     #[test]
     fn positive_and_negative_replace_each_other() {
-        let c = MetaCache::new(10, Duration::from_secs(60), Duration::from_secs(60));
+        let c = MetaCache::new(
+            10,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            1 << 20,
+        );
         assert!(c.get("a").is_none());
         c.insert_missing("a");
         assert!(matches!(c.get("a"), Some(None)));
@@ -270,7 +309,12 @@ mod tests {
 
     #[test]
     fn a_listed_directory_answers_for_names_it_lacks() {
-        let c = MetaCache::new(100, Duration::from_secs(60), Duration::from_secs(60));
+        let c = MetaCache::new(
+            100,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            1 << 20,
+        );
         c.insert_listing("d", ["a".to_string()].into());
         assert!(matches!(c.get("d/b"), Some(None)), "not in the listing");
         assert!(
@@ -304,7 +348,12 @@ mod tests {
 
     #[test]
     fn a_listing_never_replaces_a_newer_generation() {
-        let c = MetaCache::new(10, Duration::from_secs(60), Duration::from_secs(60));
+        let c = MetaCache::new(
+            10,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            1 << 20,
+        );
         let file = |generation| {
             Entry::File(Arc::new(ObjectMeta {
                 key: "f".into(),
@@ -326,7 +375,12 @@ mod tests {
 
     #[test]
     fn entries_expire() {
-        let c = MetaCache::new(10, Duration::from_millis(20), Duration::from_millis(20));
+        let c = MetaCache::new(
+            10,
+            Duration::from_millis(20),
+            Duration::from_millis(20),
+            1 << 20,
+        );
         c.insert("a", Entry::Dir);
         c.insert_missing("b");
         std::thread::sleep(Duration::from_millis(50));

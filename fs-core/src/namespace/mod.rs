@@ -6,11 +6,16 @@
 //! the directory wins when both answer. Results go to the stat or negative cache, and a
 //! `readdirplus` fills the stat cache with every entry, so `ls -l` costs one listing per page.
 //!
+//! When the bucket cannot be reached, lookups and listings in a directory this mount listed
+//! whole answer from its last known state instead ([`offline`]), and the mount is offline
+//! until the bucket answers again.
+//!
 //! This layer knows nothing of FUSE or WinFsp: it speaks paths, inode numbers and [`Attr`].
 
 pub mod cache;
 pub mod inode;
 pub mod names;
+pub mod offline;
 pub mod readdir;
 
 use std::sync::Arc;
@@ -21,11 +26,15 @@ use parking_lot::Mutex;
 
 use crate::config::MountConfig;
 use crate::error::{FsError, FsResult};
-use crate::store::{ListRequest, ObjectMeta, ObjectStore, Posix, StoreErrorKind, SYMLINK_KEY};
+use crate::store::retry::with_fallback;
+use crate::store::{
+    ListRequest, ObjectMeta, ObjectStore, Posix, StoreErrorKind, StoreResult, SYMLINK_KEY,
+};
 pub use cache::Entry;
 use cache::MetaCache;
 use inode::InodeTable;
 pub use inode::{Ino, Kind, ROOT_INO};
+use offline::Reachability;
 use readdir::{Listed, Listing};
 
 /// Told when a key's content in the bucket changed (with the new object) or may have (`None`).
@@ -64,6 +73,8 @@ pub struct Namespace<S: ObjectStore> {
     shadow_logged: Cache<String, ()>,
     /// Directories being listed again to refresh their names; one listing at a time each.
     relisting: Mutex<std::collections::HashSet<String>>,
+    /// Whether answers come from the last known state because the bucket cannot be reached.
+    link: Arc<Reachability>,
     mount_time: SystemTime,
 }
 
@@ -77,7 +88,9 @@ impl<S: ObjectStore> Namespace<S> {
                 cfg.cache_entries,
                 cfg.stat_ttl,
                 cfg.negative_ttl,
+                cfg.last_known_bytes,
             )),
+            link: Arc::new(Reachability::default()),
             shadow_logged: Cache::builder().max_capacity(10_000).build(),
             relisting: Mutex::new(Default::default()),
             store,
@@ -168,7 +181,7 @@ impl<S: ObjectStore> Namespace<S> {
 
     /// Asks the bucket what is at `path`: a directory (marker or implied by any key under it),
     /// a file, or nothing. Both questions go out at once.
-    async fn probe(&self, path: &str) -> FsResult<Option<Entry>> {
+    async fn probe(&self, path: &str) -> StoreResult<Option<Entry>> {
         let key = self.key_of(path);
         let list_req = ListRequest {
             prefix: format!("{key}/"),
@@ -182,7 +195,7 @@ impl<S: ObjectStore> Namespace<S> {
         let file = match head {
             Ok(m) => Some(m),
             Err(e) if e.kind == StoreErrorKind::NotFound => None,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         };
         Ok(match (is_dir, file) {
             (true, Some(_)) => {
@@ -195,70 +208,114 @@ impl<S: ObjectStore> Namespace<S> {
         })
     }
 
-    /// What is at `path`, from the caches or the bucket.
+    /// What is at `path`, from the caches or the bucket; when the bucket cannot be reached,
+    /// from the last known state of its directory, if the mount has one.
     pub async fn resolve(&self, path: &str) -> FsResult<Entry> {
-        let cached = |c: Option<Option<Entry>>| c.map(|e| e.ok_or(FsError::NotFound));
-        if let Some(answer) = cached(self.cache.get(path)) {
-            return answer;
+        if let Some(answer) = self.cache.get(path) {
+            return answer.ok_or(FsError::NotFound);
         }
-        // In a directory that is being worked in, one listing answers for every name.
-        let dir = path.rfind('/').map_or("", |i| &path[..i]);
-        if self.cache.wants_relisting(dir) && self.relist(dir).await {
-            if let Some(answer) = cached(self.cache.get(path)) {
-                return answer;
+        // With a fallback, a bucket that fails twice in a row is not waited for any longer.
+        let known = self.cache.last_known().get(path);
+        let asked = if known.is_some() {
+            with_fallback(self.ask(path)).await
+        } else {
+            self.ask(path).await
+        };
+        match (asked, known) {
+            (Ok(found), _) => {
+                self.link.reached();
+                found.ok_or(FsError::NotFound)
             }
-        }
-        match self.probe(path).await? {
-            Some(e) => {
-                self.cache.insert(path, e.clone());
-                Ok(e)
+            (Err(e), Some(known)) if e.is_retryable() => {
+                self.link.fell_back(path, &e);
+                known.ok_or(FsError::NotFound)
             }
-            None => {
-                self.cache.insert_missing(path);
-                Err(FsError::NotFound)
-            }
+            (Err(e), _) => Err(e.into()),
         }
     }
 
-    /// Lists the directory at `dir` whole, refreshing the stat cache and its listed names.
-    /// Returns false when it did not (another task is at it, too many names, or an error).
-    async fn relist(&self, dir: &str) -> bool {
+    /// Asks the bucket what is at `path`, and caches the answer.
+    async fn ask(&self, path: &str) -> StoreResult<Option<Entry>> {
+        // In a directory that is being worked in, one listing answers for every name.
+        let dir = path.rfind('/').map_or("", |i| &path[..i]);
+        if self.cache.wants_relisting(dir) {
+            match self.relist(dir).await {
+                Ok(true) => {
+                    if let Some(answer) = self.cache.get(path) {
+                        return Ok(answer);
+                    }
+                }
+                Ok(false) => {}
+                // The bucket did not answer: a probe now would only wait as long again.
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let found = self.probe(path).await?;
+        match &found {
+            Some(e) => self.cache.insert(path, e.clone()),
+            None => self.cache.insert_missing(path),
+        }
+        Ok(found)
+    }
+
+    /// Lists the directory at `dir` whole, refreshing the stat cache, its listed names and its
+    /// last known state. `Ok(false)` when it did not (another task is at it, too many names).
+    async fn relist(&self, dir: &str) -> StoreResult<bool> {
         if !self.relisting.lock().insert(dir.to_string()) {
-            return false;
+            return Ok(false);
         }
         let mut listing = Listing::new(self.dir_prefix(dir));
-        let mut names = std::collections::HashSet::new();
-        let mut complete = false;
-        while names.len() <= MAX_LISTED_NAMES {
-            let Ok(children) = listing
+        let mut entries = Vec::new();
+        let mut result = Ok(false);
+        while entries.len() <= MAX_LISTED_NAMES {
+            let children = match listing
                 .next_page(self.store.as_ref(), &|k| self.note_shadowed(k))
                 .await
-            else {
-                break;
+            {
+                Ok(children) => children,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             };
             for child in children {
                 let (name, entry) = match child {
                     Listed::Dir(n) => (n, Entry::Dir),
                     Listed::File(n, m) => (n, Entry::File(Arc::new(m))),
                 };
-                self.cache.insert_listed(&names::join(dir, &name), entry);
-                names.insert(name);
+                self.cache
+                    .insert_listed(&names::join(dir, &name), entry.clone());
+                entries.push((name, entry));
             }
             if listing.is_done() {
-                complete = true;
+                result = Ok(true);
                 break;
             }
         }
-        if complete {
-            self.cache.insert_listing(dir, names);
+        if let Ok(true) = result {
+            self.record_listing(dir, entries);
         }
         self.relisting.lock().remove(dir);
-        complete
+        result
+    }
+
+    /// `entries` are the whole of directory `dir`, as the bucket just listed it.
+    fn record_listing(&self, dir: &str, entries: Vec<(String, Entry)>) {
+        let names = entries.iter().map(|(n, _)| n.clone()).collect();
+        self.cache.insert_listing(dir, names);
+        self.cache.last_known().insert_listing(dir, entries);
     }
 
     /// A directory we just created: nothing is in it.
     pub fn note_empty_dir(&self, path: &str) {
-        self.cache.insert_listing(path, Default::default());
+        self.record_listing(path, Vec::new());
+    }
+
+    /// Whether the mount is offline: the bucket could not be reached, and lookups and listings
+    /// answer from the last state it saw, until a request reaches it again.
+    pub fn is_offline(&self) -> bool {
+        self.link.is_offline()
     }
 
     /// Registers `path` as `entry` (adding `add_lookups` kernel references) and returns its
@@ -425,12 +482,15 @@ impl<S: ObjectStore> Namespace<S> {
         let cache = self.cache.clone();
         let inodes = self.inodes.clone();
         let prefix = self.cfg.prefix.clone();
+        let link = self.link.clone();
         Arc::new(move |key: &str, meta: Option<&ObjectMeta>| {
             let Some(path) = key.strip_prefix(&prefix) else {
                 return;
             };
             match meta {
                 Some(m) => {
+                    // An upload landed: the bucket is reachable again.
+                    link.reached();
                     let m = Arc::new(m.clone());
                     inodes.lock().settled(path, &m);
                     cache.insert(path, Entry::File(m));
@@ -472,9 +532,10 @@ impl<S: ObjectStore> Namespace<S> {
         }
         if stream.listing.is_done() {
             if let Some(seen) = stream.seen.take() {
+                let names = seen.iter().map(|(n, _)| n.clone()).collect();
                 self.cache
-                    .note_kernel_listing(&stream.path, Arc::new(seen.clone()));
-                self.cache.insert_listing(&stream.path, seen);
+                    .note_kernel_listing(&stream.path, Arc::new(names));
+                self.record_listing(&stream.path, seen);
             }
             // Files being written that the bucket does not list yet.
             for (name, entry) in std::mem::take(&mut stream.local) {
@@ -485,10 +546,30 @@ impl<S: ObjectStore> Namespace<S> {
             stream.local_done = true;
             return Ok(());
         }
-        let children = stream
-            .listing
-            .next_page(self.store.as_ref(), &|k| self.note_shadowed(k))
-            .await?;
+        // Before the first page, the last known state can still answer for the whole pass;
+        // after it, the pass is the bucket's to finish (or to fail), never a mix of both.
+        let fallback = stream.pages == 0 && self.cache.last_known().knows(&stream.path);
+        let on_shadowed = |k: &str| self.note_shadowed(k);
+        let page = stream.listing.next_page(self.store.as_ref(), &on_shadowed);
+        let page = if fallback {
+            with_fallback(page).await
+        } else {
+            page.await
+        };
+        let children = match page {
+            Ok(children) => children,
+            Err(e) if fallback && e.is_retryable() => {
+                let Some(known) = self.cache.last_known().listing(&stream.path) else {
+                    return Err(e.into());
+                };
+                self.link.fell_back(&stream.path, &e);
+                self.fill_from_known(stream, known);
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.link.reached();
+        stream.pages += 1;
         for child in children {
             let (name, listed) = match child {
                 Listed::Dir(n) => (n, Entry::Dir),
@@ -496,7 +577,7 @@ impl<S: ObjectStore> Namespace<S> {
             };
             let path = names::join(&stream.path, &name);
             if let Some(seen) = stream.seen.as_mut() {
-                seen.insert(name.clone());
+                seen.push((name.clone(), listed.clone()));
                 if seen.len() > MAX_LISTED_NAMES {
                     stream.seen = None;
                 }
@@ -513,6 +594,24 @@ impl<S: ObjectStore> Namespace<S> {
             stream.push(name, attr);
         }
         Ok(())
+    }
+
+    /// Answers the whole pass of `stream` from `known`, the directory's last known entries
+    /// (files being written override them, as they do a listing). Nothing of it goes into the
+    /// caches, and the kernel may not keep it past this pass: the next `ls` asks the bucket.
+    fn fill_from_known(&self, stream: &mut DirStream, known: Vec<(String, Entry)>) {
+        self.cache.forget_kernel_listing(&stream.path);
+        stream.seen = None;
+        stream.listing.finish();
+        for (name, known) in known {
+            let entry = match (stream.local.remove(&name), known) {
+                (Some(local), Entry::File(_)) => local,
+                (_, known) => known,
+            };
+            let attr = self.register(&names::join(&stream.path, &name), &entry, 0);
+            stream.push(name, attr);
+        }
+        // The files being written that it lacks follow, as after a listing.
     }
 
     fn parent_ino(&self, path: &str) -> Ino {
@@ -547,8 +646,11 @@ pub struct DirStream {
     /// Those not yet matched against the listing.
     local: std::collections::HashMap<String, Entry>,
     local_done: bool,
-    /// Every name the listing gave, for the listed-directory cache (None once too many).
-    seen: Option<std::collections::HashSet<String>>,
+    /// Every entry the listing gave, for the listed-directory cache and the last known state
+    /// (None once too many, or when the pass is answered from the last known state).
+    seen: Option<Vec<(String, Entry)>>,
+    /// Listing pages the bucket has answered in this pass.
+    pages: u64,
 }
 
 impl DirStream {
@@ -566,6 +668,7 @@ impl DirStream {
             local: Default::default(),
             local_done: false,
             seen: Some(Default::default()),
+            pages: 0,
         }
     }
 

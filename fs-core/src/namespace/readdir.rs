@@ -59,6 +59,12 @@ impl Listing {
         self.done
     }
 
+    /// Ends the pass without asking the bucket for more (it was answered another way).
+    pub fn finish(&mut self) {
+        self.done = true;
+        self.carry.clear();
+    }
+
     /// Fetches the next page and returns the children it settles. `on_shadowed` is told the key
     /// of each object hidden by a directory of the same name.
     pub async fn next_page<S: ObjectStore + ?Sized>(

@@ -4,6 +4,12 @@
 //! count and in total time, so a dead endpoint turns into an error instead of a hang, and each
 //! retry is logged at `warn` so users can see why an operation is slow, and counted
 //! (`bucketdrive_store_retries_total`, by operation) here, where the decision to retry is made.
+//!
+//! A caller that has an answer of its own to give when the bucket cannot be reached (the
+//! namespace's last known state of a directory) runs its requests in [`with_fallback`]: each
+//! of them then stops after its first retry instead of spending the whole budget, so the user
+//! waits a fraction of a second for the fallback rather than the better part of a minute.
+//! Everything else keeps the full budget.
 
 use std::future::Future;
 use std::time::Duration;
@@ -66,7 +72,22 @@ fn jitter(cap: Duration) -> Duration {
     })
 }
 
-/// Runs `op` until it succeeds, fails permanently, or the policy is exhausted.
+/// Attempts a request makes inside [`with_fallback`]: the first, and one retry.
+pub const FALLBACK_ATTEMPTS: u32 = 2;
+
+tokio::task_local! {
+    /// Set while the caller has a fallback answer: the most attempts any request may make.
+    static ATTEMPTS_CAP: u32;
+}
+
+/// Runs `fut` with every bucket request in it (on this task) retried at most once: the caller
+/// has an answer to fall back on, so a bucket that fails twice in a row is taken as unreachable.
+pub async fn with_fallback<F: Future>(fut: F) -> F::Output {
+    ATTEMPTS_CAP.scope(FALLBACK_ATTEMPTS, fut).await
+}
+
+/// Runs `op` until it succeeds, fails permanently, or the policy is exhausted (within
+/// [`with_fallback`], after its first retry).
 pub async fn with_retry<T, F, Fut>(
     policy: RetryPolicy,
     what: &'static str,
@@ -77,12 +98,15 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = StoreResult<T>>,
 {
+    let max_attempts = ATTEMPTS_CAP
+        .try_with(|cap| policy.max_attempts.min(*cap))
+        .unwrap_or(policy.max_attempts);
     let start = Instant::now();
     let mut attempt = 1;
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if e.is_retryable() && attempt < policy.max_attempts => {
+            Err(e) if e.is_retryable() && attempt < max_attempts => {
                 let cap = policy.backoff_cap(attempt);
                 let sleep = jitter(cap);
                 if start.elapsed() + sleep > policy.max_elapsed {
@@ -148,6 +172,43 @@ mod tests {
         .await;
         assert!(r.is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    /// With a fallback, a request that keeps failing stops after its first retry; the same
+    /// request without one spends the policy's attempts. Permanent failures are not retried.
+    #[tokio::test(start_paused = true)]
+    async fn a_fallback_stops_after_the_first_retry() {
+        let failing = |calls: &AtomicU32| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(StoreError::new(StoreErrorKind::Transient, "reset")) }
+        };
+        let calls = AtomicU32::new(0);
+        let r = with_fallback(with_retry(RetryPolicy::default(), "t", "k", || {
+            failing(&calls)
+        }))
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), FALLBACK_ATTEMPTS);
+
+        let calls = AtomicU32::new(0);
+        let r = with_retry(RetryPolicy::default(), "t", "k", || failing(&calls)).await;
+        assert!(r.is_err());
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            8,
+            "no fallback: the whole budget"
+        );
+
+        let calls = AtomicU32::new(0);
+        let r = with_fallback(with_retry(fast(), "t", "k", || async {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(StoreError::new(StoreErrorKind::Throttled, "429"))
+            } else {
+                Ok(3)
+            }
+        }))
+        .await;
+        assert_eq!(r.unwrap(), 3, "one retry is still made");
     }
 
     #[test]

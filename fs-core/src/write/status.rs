@@ -104,4 +104,8 @@ pub struct Status {
     pub held_files: u64,
     #[serde(default)]
     pub held_bytes: u64,
+    /// The bucket cannot be reached: lookups and listings answer from the last state the mount
+    /// saw, plus its own staged changes (filled in by the facade, not by the write path).
+    #[serde(default)]
+    pub offline: bool,
 }
