@@ -189,7 +189,11 @@ impl<S: ObjectStore> Filesystem<S> {
         } else {
             match self.ns.resolve(path).await {
                 Ok(Entry::Dir) => return Err(FsError::IsDir),
-                Ok(Entry::File(m)) => (Some(m), false),
+                Ok(Entry::File(m)) if self.ns.saw(path, &m) => (Some(m), false),
+                Ok(Entry::File(m)) => {
+                    tracing::warn!(key = %key, generation = m.generation, "the object at the name of a file deleted here was replaced by another writer since it was seen; it is left as it is");
+                    (None, true)
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -274,6 +278,12 @@ impl<S: ObjectStore> Filesystem<S> {
         let mut left_at_src = false;
         let src_meta = match self.file_meta(from, src_local).await? {
             Some(Entry::Dir) => return Err(FsError::IsDir),
+            Some(Entry::File(m)) if !src_local && !self.ns.saw(from, &m) => {
+                // The file the user sees there was replaced by another writer since: theirs
+                // is not ours to move, and ours is gone.
+                tracing::warn!(key = %src_key, generation = m.generation, "the file renamed here was replaced by another writer since it was seen; theirs is left as it is");
+                return Err(FsError::Stale);
+            }
             Some(Entry::File(m)) if !src_local || w.owns(&src_key, &m).await => Some(m),
             Some(Entry::File(m)) => {
                 tracing::warn!(key = %src_key, generation = m.generation, "another writer's object is at the name of a file renamed here; it was never seen here and is left as it is");
@@ -285,7 +295,11 @@ impl<S: ObjectStore> Filesystem<S> {
         // The target: the generation this mount saw there, which is all a rename may replace.
         let dst_seen = match self.file_meta(to, dst_local).await? {
             Some(Entry::Dir) => return Err(FsError::IsDir),
-            Some(Entry::File(m)) if !dst_local => Some(m.generation),
+            // What the kernel's view of the target rests on, if it has one: a generation
+            // replaced since must not be replaced by us.
+            Some(Entry::File(m)) if !dst_local => {
+                Some(self.ns.basis_at(to).unwrap_or(m.generation))
+            }
             found => {
                 let fresh = match &found {
                     Some(Entry::File(m)) => Some(m.as_ref()),

@@ -38,8 +38,9 @@ pub struct Inode {
     pub lookups: u64,
     /// Latest metadata seen for a file.
     pub meta: Option<Arc<ObjectMeta>>,
-    /// Generation and size the kernel's view of this file was built from (generation 0: a
-    /// local file the kernel is writing).
+    /// Generation and size the kernel's view of this file was built from: the generation this
+    /// mount saw or uploaded there (kept while the file is being written here; 0: it has none
+    /// under this name yet). `None` right after a rename, until the next lookup.
     pub basis: Option<(i64, u64)>,
     /// Generation served by the most recent open, to decide whether the kernel's page cache for
     /// this inode is still valid.
@@ -65,7 +66,12 @@ impl Inode {
     /// Records fresh metadata. `ours` says the change came through this mount, so the kernel
     /// already has it; a local file (generation 0) is always ours.
     pub fn observe(&mut self, m: &Arc<ObjectMeta>, ours: bool) {
-        if ours || m.generation == 0 || !self.replaced_by_others(m) {
+        if m.generation == 0 {
+            // The view is the file being written here; the bucket generation it was last seen
+            // or uploaded at is still what this mount saw there (I8).
+            let seen = self.basis.map_or(0, |(g, _)| g);
+            self.basis = Some((seen, m.size));
+        } else if ours || !self.replaced_by_others(m) {
             self.basis = Some((m.generation, m.size));
         }
         self.meta = Some(m.clone());
@@ -178,6 +184,9 @@ impl InodeTable {
             if let Some(i) = self.by_ino.get_mut(&ino) {
                 i.path = new.clone();
                 i.last_open_generation = None;
+                // The object at the new name is a copy, a new generation of the same bytes:
+                // the next lookup gives the view its new basis.
+                i.basis = None;
             }
             self.by_path.insert(new, ino);
         }
@@ -199,6 +208,14 @@ impl InodeTable {
                 i.observe(m, true);
             }
         }
+    }
+
+    /// The bucket generation the kernel's view of the file at `path` rests on, if the kernel
+    /// was told of one (a file written here and not yet uploaded under this name has none).
+    pub fn basis_at(&self, path: &str) -> Option<i64> {
+        let ino = self.by_path.get(path)?;
+        let inode = self.by_ino.get(ino).filter(|i| !i.detached)?;
+        inode.basis.map(|(g, _)| g).filter(|g| *g > 0)
     }
 
     /// Adds to the lookup count of an existing inode.

@@ -387,6 +387,22 @@ impl<S: ObjectStore> Namespace<S> {
         Ok((meta, keep_cache))
     }
 
+    /// Whether the object `m` at `path` is one this mount's user saw there: the generation the
+    /// kernel's inode for the name rests on (I8). Where the kernel's view rests on no bucket
+    /// generation (never told of one, or only of a file written here), the object found is
+    /// taken for what the user sees.
+    pub fn saw(&self, path: &str, m: &ObjectMeta) -> bool {
+        match self.inodes.lock().basis_at(path) {
+            Some(g) => g == m.generation,
+            None => true,
+        }
+    }
+
+    /// The generation the kernel's view of the file at `path` rests on, if it has one.
+    pub fn basis_at(&self, path: &str) -> Option<i64> {
+        self.inodes.lock().basis_at(path)
+    }
+
     /// The object the kernel's view of file `ino` rests on, when `ino` still names it: the
     /// generation it was opened or looked up at, or one of this mount's own uploads since (never
     /// someone else's replacement, which gets a new inode).

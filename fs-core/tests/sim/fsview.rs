@@ -38,7 +38,7 @@ pub fn show(data: &[u8]) -> String {
 pub fn show_status(s: &Status) -> String {
     format!(
         "status: pending {} ({} bytes, {} unsaved, {} failing), uploading {}, uploaded {}, \
-         conflicts {}, failed attempts {}",
+         conflicts {}, failed attempts {}, not saved {}",
         s.pending_files,
         s.pending_bytes,
         s.unsaved_files,
@@ -46,7 +46,8 @@ pub fn show_status(s: &Status) -> String {
         s.uploading_files,
         s.uploaded_files,
         s.conflicts,
-        s.failures
+        s.failures,
+        s.held_files
     )
 }
 

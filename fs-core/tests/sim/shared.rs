@@ -1745,7 +1745,9 @@ impl Sim {
                             ),
                         ))
                     }
-                    Ok(_) => self.mounts[m].unsaved = status.unsaved_files,
+                    // Changes that could not be saved are kept staged and reported as not
+                    // saved (I9, I10).
+                    Ok(_) => self.mounts[m].unsaved = status.unsaved_files + status.held_files,
                 }
             }
         }
