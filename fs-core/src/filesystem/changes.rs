@@ -158,56 +158,51 @@ impl<S: ObjectStore> Filesystem<S> {
             .unlink_paused(&path, &key, w.item(&key).is_some())
             .await;
         w.resume(paused).await;
-        let left = result?;
-        if left {
-            // Another writer's object is still at the name: the next lookup finds it.
-            self.ns.forget_tree(&path);
-        } else {
-            self.ns.note_missing(&path);
-        }
+        // Another writer's object may still be at the name: it stays in the bucket, but the
+        // name is gone here, as the user asked, until the negative TTL lets it show.
+        // Until then a save over the name must not take that object for one the user saw.
+        result?;
+        self.ns.note_missing(&path);
         self.ns.detach(&path);
         Ok(())
     }
 
-    /// Returns whether another writer's object was left at the name.
-    async fn unlink_paused(&self, path: &str, key: &str, staged: bool) -> FsResult<bool> {
+    async fn unlink_paused(&self, path: &str, key: &str, staged: bool) -> FsResult<()> {
         let w = self.writer()?;
         w.settle_journal().await?;
-        let (target, mut left) = if staged {
+        let target = if staged {
             // A file being written may have landed unseen (an answer lost): ask the bucket
             // itself, but delete only what is ours. The user sees the item at this name, so
             // any other object there is one this mount never saw.
             match self.fresh_entry(path).await? {
                 Some(Entry::Dir) => return Err(FsError::IsDir),
-                Some(Entry::File(m)) if w.owns(key, &m).await => (Some(m), false),
+                Some(Entry::File(m)) if w.owns(key, &m).await => Some(m),
                 Some(Entry::File(m)) => {
                     tracing::warn!(key = %key, generation = m.generation, "another writer's object is at the name of a file deleted here; it was never seen here and is left as it is");
-                    (None, true)
+                    None
                 }
-                None => (None, false),
+                None => None,
             }
         } else {
             match self.ns.resolve(path).await {
                 Ok(Entry::Dir) => return Err(FsError::IsDir),
-                Ok(Entry::File(m)) if self.ns.saw(path, &m) => (Some(m), false),
+                Ok(Entry::File(m)) if self.ns.saw(path, &m) => Some(m),
                 Ok(Entry::File(m)) => {
                     tracing::warn!(key = %key, generation = m.generation, "the object at the name of a file deleted here was replaced by another writer since it was seen; it is left as it is");
-                    (None, true)
+                    None
                 }
                 Err(e) => return Err(e),
             }
         };
         if let Some(m) = target {
-            match self.delete_checked(&m).await {
-                Ok(deleted) => left |= !deleted,
-                Err(e) => {
-                    self.ns.forget_tree(path);
-                    return Err(e);
-                }
+            // False: replaced by another writer meanwhile; theirs stays.
+            if let Err(e) = self.delete_checked(&m).await {
+                self.ns.forget_tree(path);
+                return Err(e);
             }
         }
         w.unlink(key).await?;
-        Ok(left)
+        Ok(())
     }
 
     /// The object at `path` as the bucket has it now, past every cache (`None`: none). Used
@@ -275,7 +270,6 @@ impl<S: ObjectStore> Filesystem<S> {
         let dst_local = w.item(&dst_key).is_some();
         // The source: for a file being written, only an object of its own (anything else at
         // the name is another writer's, never seen here, and stays where it is).
-        let mut left_at_src = false;
         let src_meta = match self.file_meta(from, src_local).await? {
             Some(Entry::Dir) => return Err(FsError::IsDir),
             Some(Entry::File(m)) if !src_local && !self.ns.saw(from, &m) => {
@@ -287,7 +281,6 @@ impl<S: ObjectStore> Filesystem<S> {
             Some(Entry::File(m)) if !src_local || w.owns(&src_key, &m).await => Some(m),
             Some(Entry::File(m)) => {
                 tracing::warn!(key = %src_key, generation = m.generation, "another writer's object is at the name of a file renamed here; it was never seen here and is left as it is");
-                left_at_src = true;
                 None
             }
             None => None,
@@ -330,8 +323,8 @@ impl<S: ObjectStore> Filesystem<S> {
                     }
                     Err(e) => return Err(e),
                 };
-                let src_gone = self.delete_checked(m).await?;
-                left_at_src |= !src_gone;
+                // False: another writer replaced the source meanwhile, and theirs stays.
+                self.delete_checked(m).await?;
                 // Whatever item holds the source now moves (one may have been made during the
                 // pause); without one, an item of the replaced target goes.
                 if w.item(&src_key).is_some() {
@@ -349,11 +342,9 @@ impl<S: ObjectStore> Filesystem<S> {
                 self.ns.forget_tree(to);
             }
         }
-        if left_at_src {
-            self.ns.forget_tree(from);
-        } else {
-            self.ns.note_missing(from);
-        }
+        // As for an unlink: another writer's object left at the source stays in the bucket,
+        // and the name is gone here.
+        self.ns.note_missing(from);
         Ok(())
     }
 
@@ -375,7 +366,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let copied = self
             .copy_checked(src, &saved_key, Precondition::DoesNotExist)
             .await?;
-        let src_gone = self.delete_checked(src).await?;
+        self.delete_checked(src).await?;
         if w.item(src_key).is_some() {
             w.rename(src_key, &saved_key, Some(copied.generation), Some(src))
                 .await?;
@@ -385,11 +376,7 @@ impl<S: ObjectStore> Filesystem<S> {
         w.note_conflict();
         self.ns.note(&saved_path, Entry::File(Arc::new(copied)));
         self.ns.forget_tree(to);
-        if src_gone {
-            self.ns.note_missing(from);
-        } else {
-            self.ns.forget_tree(from);
-        }
+        self.ns.note_missing(from);
         Ok(())
     }
 
