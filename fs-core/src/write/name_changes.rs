@@ -236,9 +236,12 @@ impl<S: ObjectStore> WriteBack<S> {
             map.insert(to.to_string(), shared.clone());
         }
         it.key = to.to_string();
+        // The base is also where the working copy's missing bytes come from: one that still
+        // lacks some keeps its base unless the copy holds the same bytes (it was made from an
+        // object of its own), or they would be fetched from whatever is at `to`.
         let adopt = match copied_from {
             Some(src) => it.owns(src),
-            None => true,
+            None => it.work.is_complete(),
         };
         // Without a generation at `to`, the base stays at the old name, where it still serves
         // bytes the file lacks, and the upload must find no object at `to`.
