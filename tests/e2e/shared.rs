@@ -549,7 +549,6 @@ fn create_new_on_two_mounts_keeps_both_versions() -> Result<()> {
 /// 0.3 s apart, exactly one succeeds and the other gets `EEXIST`; the bucket holds the
 /// winner's bytes and no conflict copy.
 #[test]
-#[ignore = "needs --exclusive-create"]
 fn exclusive_create_lets_one_mount_win() -> Result<()> {
     let emu = setup("exlocks")?;
     let args = ["--exclusive-create", "--write-back-delay", "0s"];
@@ -614,7 +613,6 @@ fn mkdir_on_two_mounts_lets_one_win() -> Result<()> {
 /// `mkdir` of one new name on two mounts at the same moment (the strongest form of the lock
 /// that `mkdir` is used as): exactly one wins, the other gets `EEXIST`.
 #[test]
-#[ignore = "fails today: mkdir takes a failed precondition on its marker for success, so both win"]
 fn mkdir_at_the_same_moment_on_two_mounts_lets_one_win() -> Result<()> {
     let emu = setup("mkdirrace")?;
     let m1 = Mount::new(&emu, "mkdirrace", &[])?;

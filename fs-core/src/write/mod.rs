@@ -30,6 +30,20 @@
 //! - **I7, clean, and mounts never hurt each other.** Temporary parts are named per cache
 //!   directory; a mount removes its own leftovers at start-up and other mounts' only once old.
 //!
+//! A bucket is shared (other mounts, other tools); these hold for any number of writers, and
+//! the multi-mount simulation (`fs-core/tests/sim/shared.rs`) checks them:
+//!
+//! - **I8, nobody else's bytes are destroyed.** Deletes, copies over a name and uploads carry
+//!   the generation this mount saw there as their precondition, never one a fresh look found:
+//!   another writer's object is left as it is, and ours goes beside it as a conflict copy
+//!   ([`name_changes`], `filesystem/changes.rs`).
+//! - **I9, every acknowledged version of every mount survives.** Nothing acknowledged is
+//!   dropped on a conflict or a vanished base: it is uploaded beside, or kept staged and
+//!   reported as not saved.
+//! - **I10, a failed write never replaces a good object.** A failed write, truncate or commit
+//!   fsync holds the item ([`item`]): its changes are never committed until the file is
+//!   rewritten whole; a failed commit is never retried in the background; changes not saved
+//!   are journaled and survive a crash ([`journal`]'s `NotSaved`, [`replay`]).
 //! - **I11, a cache directory belongs to one bucket and prefix.** Its marker names them before
 //!   anything is staged, and the claim under the lock refuses a directory of another owner, or
 //!   with records of an unknown one unless adopted, so records are never uploaded to another
