@@ -391,6 +391,8 @@ mod offline_tests;
 #[cfg(test)]
 mod regressions;
 #[cfg(test)]
+mod review_tests;
+#[cfg(test)]
 mod shared_tests;
 #[cfg(test)]
 mod tests;

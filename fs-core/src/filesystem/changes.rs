@@ -232,15 +232,20 @@ impl<S: ObjectStore> Filesystem<S> {
         if from == to {
             return Ok(());
         }
-        match self.entry_at(&from).await? {
-            Entry::Dir => self.rename_dir(&from, &to).await?,
+        let copied = match self.entry_at(&from).await? {
+            Entry::Dir => {
+                self.rename_dir(&from, &to).await?;
+                None
+            }
             Entry::File(_) => self.rename_file(&from, &to).await?,
-        }
-        self.ns.rename_inode(&from, &to);
+        };
+        // The renamed file's view rests on its copy at the new name, when there is one.
+        self.ns.rename_inode(&from, &to, copied.as_ref());
         Ok(())
     }
 
-    async fn rename_file(&self, from: &str, to: &str) -> FsResult<()> {
+    /// Returns the copy of the source object at the target, if the rename made one.
+    async fn rename_file(&self, from: &str, to: &str) -> FsResult<Option<Arc<ObjectMeta>>> {
         let w = self.writer()?;
         let (src_key, dst_key) = (self.ns.key_of(from), self.ns.key_of(to));
         // No upload of either name may start or land while the rename runs.
@@ -262,7 +267,7 @@ impl<S: ObjectStore> Filesystem<S> {
         to: &str,
         src_key: &str,
         dst_key: &str,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<Arc<ObjectMeta>>> {
         let w = self.writer()?;
         w.settle_journal().await?;
         let (src_key, dst_key) = (src_key.to_string(), dst_key.to_string());
@@ -312,6 +317,20 @@ impl<S: ObjectStore> Filesystem<S> {
                 tracing::warn!(key = %src_key, error = %e, "could not save the file before renaming it; its unsaved changes follow it");
             }
         }
+        // A source with a version still to upload: the bucket's object under the old name is
+        // an older version of ours, not what the file holds. Its copy would only stand at the
+        // target (or as a conflict copy) until the upload replaced it: move the version alone,
+        // then delete the old object.
+        if let Some(m) = src_meta.as_ref() {
+            if w.has_whole_pending(&src_key).await {
+                w.rename(&src_key, &dst_key, dst_seen, None).await?;
+                self.delete_checked(m).await?;
+                self.ns.forget_tree(to);
+                self.ns.note_missing(from);
+                return Ok(None);
+            }
+        }
+        let mut made = None;
         match &src_meta {
             Some(m) => {
                 let pre =
@@ -319,7 +338,8 @@ impl<S: ObjectStore> Filesystem<S> {
                 let copied = match self.copy_checked(m, &dst_key, pre).await {
                     Ok(c) => c,
                     Err(FsError::Stale) => {
-                        return self.rename_beside(from, to, m, &src_key, &dst_key).await;
+                        self.rename_beside(from, to, m, &src_key, &dst_key).await?;
+                        return Ok(None);
                     }
                     Err(e) => return Err(e),
                 };
@@ -333,7 +353,9 @@ impl<S: ObjectStore> Filesystem<S> {
                 } else {
                     w.unlink(&dst_key).await?;
                 }
-                self.ns.note(to, Entry::File(Arc::new(copied)));
+                let copied = Arc::new(copied);
+                self.ns.note(to, Entry::File(copied.clone()));
+                made = Some(copied);
             }
             None => {
                 // Only staged so far: the pending upload follows the new name, replacing only
@@ -345,7 +367,7 @@ impl<S: ObjectStore> Filesystem<S> {
         // As for an unlink: another writer's object left at the source stays in the bucket,
         // and the name is gone here.
         self.ns.note_missing(from);
-        Ok(())
+        Ok(made)
     }
 
     /// A rename whose target holds an object this mount never saw (someone else wrote it): it

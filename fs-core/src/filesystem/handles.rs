@@ -98,6 +98,13 @@ impl<S: ObjectStore> Filesystem<S> {
             return Ok(item);
         }
         let base = match self.ns.resolve(path).await {
+            // The kernel's view of the name rests on another generation: someone else replaced
+            // it since. Writing over (or into) theirs would replace or mix in bytes the user
+            // never saw (I8, I2); ESTALE makes the kernel look the name up again.
+            Ok(Entry::File(m)) if !self.ns.saw(path, &m) => {
+                self.ns.detach(path);
+                return Err(FsError::Stale);
+            }
             Ok(Entry::File(m)) => Some(m),
             Ok(Entry::Dir) => return Err(FsError::IsDir),
             Err(FsError::NotFound) => None,

@@ -167,7 +167,7 @@ impl InodeTable {
     /// Moves the inode at `from`, and every inode below it, to `to` (a rename), detaching
     /// whatever those new paths named before. The kernel keeps its dentries for the children of
     /// a renamed directory, so their inodes must answer to the new paths.
-    pub fn rename(&mut self, from: &str, to: &str) {
+    pub fn rename(&mut self, from: &str, to: &str, copied: Option<&Arc<ObjectMeta>>) {
         let from_dir = format!("{from}/");
         let moved: Vec<(String, Ino)> = self
             .by_path
@@ -185,8 +185,11 @@ impl InodeTable {
                 i.path = new.clone();
                 i.last_open_generation = None;
                 // The object at the new name is a copy, a new generation of the same bytes:
-                // the next lookup gives the view its new basis.
-                i.basis = None;
+                // the renamed file's view rests on it (or, without one, on what the next
+                // lookup finds).
+                i.basis = copied
+                    .filter(|_| i.kind == Kind::File && new == to)
+                    .map(|m| (m.generation, m.size));
             }
             self.by_path.insert(new, ino);
         }
@@ -278,7 +281,7 @@ mod tests {
         let d = t.upsert("a/b", Kind::Dir, None, 1);
         let f = t.upsert("a/b/c/f", Kind::File, None, 1);
         let other = t.upsert("a/bb", Kind::File, None, 1);
-        t.rename("a/b", "x");
+        t.rename("a/b", "x", None);
         assert_eq!(t.get(d).unwrap().path, "x");
         assert_eq!(t.get(f).unwrap().path, "x/c/f");
         assert_eq!(

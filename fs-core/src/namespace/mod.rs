@@ -488,8 +488,8 @@ impl<S: ObjectStore> Namespace<S> {
     }
 
     /// The inode at `from` is now at `to`.
-    pub fn rename_inode(&self, from: &str, to: &str) {
-        self.inodes.lock().rename(from, to);
+    pub fn rename_inode(&self, from: &str, to: &str, copied: Option<&Arc<ObjectMeta>>) {
+        self.inodes.lock().rename(from, to, copied);
     }
 
     /// A callback for the write path: a key's content in the bucket changed (with the new

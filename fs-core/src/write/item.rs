@@ -108,6 +108,9 @@ pub(super) struct Item {
     /// Why the working copy is held: a change to it failed since the last commit (see the
     /// module doc). Its changes are never committed while this is set.
     pub held: Option<FsError>,
+    /// The last close or fsync of the working copy failed (not a write): a release must not
+    /// commit it behind the user's back (I10); the next close or fsync that succeeds may.
+    pub close_failed: bool,
     /// The journal record keeping changes that were not saved (held, or whose last close
     /// failed) across an unmount or a crash; removed once a commit saves them or the name goes.
     pub unsaved_record: Option<u64>,
@@ -145,7 +148,8 @@ impl Item {
     /// Nothing left to do and nobody holding it: it can retire.
     pub fn settled(&self) -> bool {
         let idle = !self.sched.task && !self.sched.uploading && self.sched.paused == 0;
-        let done = self.life == Life::Unlinked || (self.pending.is_none() && !self.dirty());
+        let done = self.life == Life::Unlinked
+            || (self.pending.is_none() && !self.dirty() && self.held.is_none());
         self.handles == 0 && idle && done
     }
 

@@ -141,7 +141,32 @@ impl<S: ObjectStore> WriteBack<S> {
     /// False when no file is being written there.
     pub async fn owns(&self, key: &str, m: &ObjectMeta) -> bool {
         match self.live(key) {
-            Some(s) => s.item.lock().await.owns(m),
+            Some(s) => {
+                let it = s.item.lock().await;
+                let base = it.base.as_ref() == Some(&(m.key.clone(), m.generation));
+                // Every empty object has the same CRC32C and size: one is ours only if it
+                // names this mount as its writer.
+                it.owns(m) && (base || m.size > 0 || self.wrote(m))
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `m` carries this mount's writer tag.
+    fn wrote(&self, m: &ObjectMeta) -> bool {
+        m.metadata
+            .get(crate::store::WRITER_KEY)
+            .is_some_and(|w| w.split('.').next() == Some(self.tag()))
+    }
+
+    /// Whether the file being written at `key` has an acknowledged version still to upload and
+    /// nothing it lacks (its working copy is whole).
+    pub async fn has_whole_pending(&self, key: &str) -> bool {
+        match self.live(key) {
+            Some(s) => {
+                let it = s.item.lock().await;
+                it.pending.is_some() && it.work.is_complete()
+            }
             None => false,
         }
     }
@@ -243,10 +268,13 @@ impl<S: ObjectStore> WriteBack<S> {
             Some(src) => it.owns(src),
             None => it.work.is_complete(),
         };
-        // Without a generation at `to`, the base stays at the old name, where it still serves
-        // bytes the file lacks, and the upload must find no object at `to`.
-        if let Some(g) = new_base.filter(|_| adopt) {
-            it.base = Some((to.to_string(), g));
+        // Without a generation at `to`, the upload must find no object there. A whole working
+        // copy needs its base for nothing else, so it drops it (a base left at the old name
+        // would match again after a rename back); one that lacks bytes keeps it to fetch them.
+        match new_base.filter(|_| adopt) {
+            Some(g) => it.base = Some((to.to_string(), g)),
+            None if adopt && it.work.is_complete() => it.base = None,
+            None => {}
         }
         let uploaded_before = it.pending.is_none() && !it.dirty();
         if let Some(p) = it.pending.as_mut() {

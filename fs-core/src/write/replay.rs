@@ -138,6 +138,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 life: Life::Live,
                 sched: Sched::default(),
                 held: None,
+                close_failed: false,
                 unsaved_record: None,
             };
             item.sched.due_in(Duration::ZERO);
@@ -228,6 +229,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     life: Life::Live,
                     sched: Sched::default(),
                     held,
+                    close_failed: true,
                     unsaved_record: Some(rec.id),
                 };
                 let shared = Shared::new(item);

@@ -277,6 +277,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 life: Life::Live,
                 sched: Sched::default(),
                 held: None,
+                close_failed: false,
                 unsaved_record: None,
             };
             let shared = Shared::new(item);
@@ -483,6 +484,8 @@ impl<S: ObjectStore> WriteBack<S> {
                 tracing::error!(key = %it.key, error = %e, "a change to the file failed: its changes since the last good save are kept staged and will not be uploaded; the bucket keeps its last whole version");
             }
             it.held.get_or_insert_with(|| e.clone());
+            // Part of it may have reached the working copy: the file is changed, not saved.
+            it.edits += 1;
         }
     }
 
@@ -618,11 +621,14 @@ impl<S: ObjectStore> WriteBack<S> {
     pub async fn commit(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
         loop {
             let mut it = item.0.item.lock().await;
-            if it.life != Life::Live || !it.dirty() {
+            if it.life != Life::Live {
                 return Ok(());
             }
             if let Some(e) = &it.held {
                 return Err(e.clone());
+            }
+            if !it.dirty() {
+                return Ok(());
             }
             let size = it.work.size();
             self.reserve(&item.0, &it, size).await?;
@@ -850,9 +856,12 @@ impl<S: ObjectStore> WriteBack<S> {
     /// it run in the background. A commit that fails keeps the changes staged (not saved).
     pub async fn close(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
         if let Err(e) = self.commit(item).await {
-            self.keep_unsaved(&mut *item.0.item.lock().await).await;
+            let mut it = item.0.item.lock().await;
+            it.close_failed = true;
+            self.keep_unsaved(&mut it).await;
             return Err(e);
         }
+        item.0.item.lock().await.close_failed = false;
         if self.cfg.upload_on_close {
             self.flush_to_bucket(item).await
         } else {
@@ -862,7 +871,11 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Commits and waits until the item is in the bucket: fsync.
     pub async fn flush_to_bucket(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
-        self.commit(item).await?;
+        if let Err(e) = self.commit(item).await {
+            item.0.item.lock().await.close_failed = true;
+            return Err(e);
+        }
+        item.0.item.lock().await.close_failed = false;
         let target = {
             let mut it = item.0.item.lock().await;
             let Some(p) = it.pending.as_ref().filter(|_| it.life == Life::Live) else {
@@ -904,10 +917,14 @@ impl<S: ObjectStore> WriteBack<S> {
             item.0.open.store(it.handles, Ordering::SeqCst);
             it.handles == 0
         };
-        let failed = if last {
-            self.commit(item).await.err()
-        } else {
+        let close_failed = item.0.item.lock().await.close_failed;
+        let failed = if !last {
             None
+        } else if close_failed {
+            // The user was told the close failed: the release does not save it after all.
+            Some(FsError::Io("the last close failed".into()))
+        } else {
+            self.commit(item).await.err()
         };
         let mut it = item.0.item.lock().await;
         if let Some(e) = failed {
