@@ -197,7 +197,7 @@ impl<S: ObjectStore> Filesystem<S> {
         if let Some(m) = target {
             // False: replaced by another writer meanwhile; theirs stays.
             if let Err(e) = self.delete_checked(&m).await {
-                self.ns.forget_tree(path);
+                self.ns.forget_outcome(path);
                 return Err(e);
             }
         }
@@ -255,8 +255,8 @@ impl<S: ObjectStore> Filesystem<S> {
         w.resume(paused.1).await;
         if result.is_err() {
             // Part of it may have happened: both names are asked about again.
-            self.ns.forget_tree(from);
-            self.ns.forget_tree(to);
+            self.ns.forget_outcome(from);
+            self.ns.forget_outcome(to);
         }
         result
     }
@@ -397,7 +397,7 @@ impl<S: ObjectStore> Filesystem<S> {
         w.unlink(dst_key).await?;
         w.note_conflict();
         self.ns.note(&saved_path, Entry::File(Arc::new(copied)));
-        self.ns.forget_tree(to);
+        self.ns.forget_outcome(to);
         self.ns.note_missing(from);
         Ok(())
     }
@@ -557,7 +557,7 @@ impl<S: ObjectStore> Filesystem<S> {
                             tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
                         }
                     }
-                    self.ns.forget_tree(to);
+                    self.ns.forget_outcome(to);
                     return Err(e);
                 }
             }
@@ -565,8 +565,8 @@ impl<S: ObjectStore> Filesystem<S> {
         for o in &objects {
             if let Err(e) = self.delete_checked(o).await {
                 // Past the point of no return: some objects are under each name.
-                self.ns.forget_tree(from);
-                self.ns.forget_tree(to);
+                self.ns.forget_outcome(from);
+                self.ns.forget_outcome(to);
                 return Err(e);
             }
         }
@@ -595,6 +595,9 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         self.ns.forget_tree(from);
         self.ns.forget_tree(to);
+        // What is now known for certain: the directory is at its new name, and not at its old.
+        self.ns.note(to, Entry::Dir);
+        self.ns.note_missing(from);
         Ok(())
     }
 

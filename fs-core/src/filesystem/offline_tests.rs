@@ -292,3 +292,45 @@ async fn a_listing_cut_part_way_fails_cleanly_and_resumes() {
     let want: Vec<String> = (0..n).map(|i| format!("f{i:05}")).collect();
     assert_eq!(names, want, "every name once, in order");
 }
+
+/// A directory renamed away and another renamed onto its name (the soak's seed 3): offline,
+/// the name is found at the new directory and the old name is gone, as the renames left them.
+/// A rename's outcome is what the last known state holds, never the name's absence.
+#[tokio::test]
+async fn an_offline_lookup_after_directory_renames_shows_where_they_left_the_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = bucket();
+    let fs = writable(&store, dir.path());
+    pass(&fs, ROOT_INO).await.unwrap();
+    fs.rename(ROOT_INO, "folder", ROOT_INO, "moved")
+        .await
+        .unwrap();
+    fs.rename(ROOT_INO, "other", ROOT_INO, "folder")
+        .await
+        .unwrap();
+
+    store.set_offline(true);
+    let folder = fs
+        .lookup(ROOT_INO, "folder")
+        .await
+        .expect("the directory renamed onto the name is found offline");
+    assert_eq!(folder.kind, Kind::Dir);
+    assert!(fs.lookup(ROOT_INO, "moved").await.is_ok());
+    assert_eq!(
+        fs.lookup(ROOT_INO, "other").await.err(),
+        Some(FsError::NotFound),
+        "the name renamed away is gone"
+    );
+    let names: Vec<String> = pass(&fs, ROOT_INO)
+        .await
+        .expect("the root lists offline")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(sorted_names(names), ["folder", "moved"]);
+}
+
+fn sorted_names(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}

@@ -224,6 +224,13 @@ impl MetaCache {
         self.kernel.invalidate(split(path).0);
     }
 
+    /// Like [`Self::invalidate_tree`], after a change whose outcome is not known: the last
+    /// known state can no longer vouch for the name either way.
+    pub fn invalidate_outcome(&self, path: &str) {
+        self.invalidate_tree(path);
+        self.known.forget_outcome(path);
+    }
+
     /// Forgets everything at or under the directory `path` (after a directory rename).
     pub fn invalidate_tree(&self, path: &str) {
         let dir = format!("{path}/");

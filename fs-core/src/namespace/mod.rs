@@ -468,6 +468,12 @@ impl<S: ObjectStore> Namespace<S> {
         self.cache.invalidate_tree(path);
     }
 
+    /// Like [`Self::forget_tree`], after a change to `path` that failed part way or left
+    /// another writer's object there: not even the last known state vouches for it any more.
+    pub fn forget_outcome(&self, path: &str) {
+        self.cache.invalidate_outcome(path);
+    }
+
     /// Attributes of an inode whose name went away (unlinked or replaced), from what was last
     /// seen of it: a descriptor still open on it can `fstat`, as on a local disk.
     pub fn detached_attr(&self, ino: Ino) -> Option<Attr> {

@@ -18,7 +18,7 @@
 //! the next request that the bucket answers, each change logged once (`warn` going offline,
 //! `info` back), and shown by `bucketdrive status`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -57,10 +57,16 @@ struct KnownDir {
     bytes: u64,
     /// `bytes` when the cache last weighed this directory.
     weighed: u64,
+    /// Names whose state is not known: changed by a request whose outcome is unsure (a
+    /// rename that failed half way), or replaced by something this mount has not seen whole.
+    /// The directory cannot vouch for them either way until they are seen again, and cannot
+    /// be listed whole from here while any is left.
+    unsure: HashSet<String>,
 }
 
 impl KnownDir {
     fn set(&mut self, name: &str, entry: Entry) {
+        self.unsure.remove(name);
         let add = entry_bytes(name, &entry);
         if let Some(old) = self.entries.insert(name.to_string(), entry) {
             self.bytes = self.bytes.saturating_sub(entry_bytes(name, &old));
@@ -69,6 +75,7 @@ impl KnownDir {
     }
 
     fn remove(&mut self, name: &str) {
+        self.unsure.remove(name);
         if let Some(old) = self.entries.remove(name) {
             self.bytes = self.bytes.saturating_sub(entry_bytes(name, &old));
         }
@@ -124,24 +131,34 @@ impl LastKnown {
     }
 
     /// What was last known at `path`: `Some(Some(e))` it was there, `Some(None)` its directory
-    /// was known whole without it, `None` its directory is not known.
+    /// was known whole without it, `None` its directory is not known (or this name in it is
+    /// not).
     pub fn get(&self, path: &str) -> Option<Option<Entry>> {
         let (dir, name) = split(path);
         let known = self.dirs.get(dir)?;
-        let entry = known.lock().entries.get(name).cloned();
-        Some(entry)
+        let k = known.lock();
+        if k.unsure.contains(name) {
+            return None;
+        }
+        Some(k.entries.get(name).cloned())
     }
 
     /// Whether directory `dir` is known whole.
     pub fn knows(&self, dir: &str) -> bool {
-        self.dirs.contains_key(dir)
+        self.dirs
+            .get(dir)
+            .is_some_and(|known| known.lock().unsure.is_empty())
     }
 
-    /// The entries of directory `dir` as last known, in name order.
+    /// The entries of directory `dir` as last known, in name order; `None` when it is not
+    /// known whole.
     pub fn listing(&self, dir: &str) -> Option<Vec<(String, Entry)>> {
         let known = self.dirs.get(dir)?;
-        let mut entries: Vec<_> = known
-            .lock()
+        let k = known.lock();
+        if !k.unsure.is_empty() {
+            return None;
+        }
+        let mut entries: Vec<_> = k
             .entries
             .iter()
             .map(|(n, e)| (n.clone(), e.clone()))
@@ -184,7 +201,8 @@ impl LastKnown {
         }
     }
 
-    /// What is at `path` and under it is no longer known: its name leaves its directory, and
+    /// What is at `path` and under it is no longer known: its name leaves its directory (this
+    /// mount's own change put it there or took it away, and what is local answers for it), and
     /// the listings of it and of every directory under it are dropped.
     pub fn forget_tree(&self, path: &str) {
         self.remove(path);
@@ -197,6 +215,18 @@ impl LastKnown {
             .invalidate_entries_if(move |k, _| *k == p || k.starts_with(&under))
         {
             tracing::error!(error = %e, "the last known state could not forget a changed tree");
+        }
+    }
+
+    /// Like [`Self::forget_tree`], after a change whose outcome is not known (it failed part
+    /// way, or another writer's object is at the name): the directory can no longer vouch for
+    /// the name either way, and cannot be listed whole from here, until the name is seen again
+    /// ([`Self::set`], [`Self::remove`]) or the directory is listed.
+    pub fn forget_outcome(&self, path: &str) {
+        self.forget_tree(path);
+        let (dir, name) = split(path);
+        if let Some(known) = self.dirs.get(dir) {
+            known.lock().unsure.insert(name.to_string());
         }
     }
 
@@ -347,6 +377,20 @@ mod tests {
             matches!(known.get("d/sub"), Some(None)),
             "its name left its directory"
         );
+        assert!(known.knows("d"));
+        known.forget_outcome("d/sub");
+        assert!(
+            known.get("d/sub").is_none(),
+            "its directory no longer vouches for it"
+        );
+        assert!(!known.knows("d"), "nor can it be listed whole");
+        assert!(known.listing("d").is_none());
+        known.set("d/sub", Entry::Dir);
+        assert!(matches!(known.get("d/sub"), Some(Some(Entry::Dir))));
+        assert!(known.knows("d"), "the outcome is known again");
+        known.forget_outcome("d/sub");
+        known.remove("d/sub");
+        assert!(matches!(known.get("d/sub"), Some(None)));
         assert!(known.knows("d"));
     }
 
