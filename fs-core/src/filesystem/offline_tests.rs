@@ -321,16 +321,12 @@ async fn an_offline_lookup_after_directory_renames_shows_where_they_left_the_nam
         Some(FsError::NotFound),
         "the name renamed away is gone"
     );
-    let names: Vec<String> = pass(&fs, ROOT_INO)
+    let mut names: Vec<String> = pass(&fs, ROOT_INO)
         .await
         .expect("the root lists offline")
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(sorted_names(names), ["folder", "moved"]);
-}
-
-fn sorted_names(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v
+    names.sort();
+    assert_eq!(names, ["folder", "moved"]);
 }
