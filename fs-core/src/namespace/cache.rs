@@ -228,7 +228,7 @@ impl MetaCache {
     /// known state can no longer vouch for the name either way.
     pub fn invalidate_outcome(&self, path: &str) {
         self.invalidate_tree(path);
-        self.known.forget_outcome(path);
+        self.known.mark_unsure(path);
     }
 
     /// Forgets everything at or under the directory `path` (after a directory rename).

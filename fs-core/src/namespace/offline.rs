@@ -218,12 +218,11 @@ impl LastKnown {
         }
     }
 
-    /// Like [`Self::forget_tree`], after a change whose outcome is not known (it failed part
+    /// After [`Self::forget_tree`], when the change's outcome is not known (it failed part
     /// way, or another writer's object is at the name): the directory can no longer vouch for
     /// the name either way, and cannot be listed whole from here, until the name is seen again
     /// ([`Self::set`], [`Self::remove`]) or the directory is listed.
-    pub fn forget_outcome(&self, path: &str) {
-        self.forget_tree(path);
+    pub fn mark_unsure(&self, path: &str) {
         let (dir, name) = split(path);
         if let Some(known) = self.dirs.get(dir) {
             known.lock().unsure.insert(name.to_string());
@@ -378,7 +377,8 @@ mod tests {
             "its name left its directory"
         );
         assert!(known.knows("d"));
-        known.forget_outcome("d/sub");
+        known.forget_tree("d/sub");
+        known.mark_unsure("d/sub");
         assert!(
             known.get("d/sub").is_none(),
             "its directory no longer vouches for it"
@@ -388,7 +388,8 @@ mod tests {
         known.set("d/sub", Entry::Dir);
         assert!(matches!(known.get("d/sub"), Some(Some(Entry::Dir))));
         assert!(known.knows("d"), "the outcome is known again");
-        known.forget_outcome("d/sub");
+        known.forget_tree("d/sub");
+        known.mark_unsure("d/sub");
         known.remove("d/sub");
         assert!(matches!(known.get("d/sub"), Some(None)));
         assert!(known.knows("d"));
