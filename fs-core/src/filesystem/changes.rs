@@ -232,25 +232,25 @@ impl<S: ObjectStore> Filesystem<S> {
         if from == to {
             return Ok(());
         }
-        let copied = match self.entry_at(&from).await? {
-            Entry::Dir => {
-                self.rename_dir(&from, &to).await?;
-                None
-            }
-            Entry::File(_) => self.rename_file(&from, &to).await?,
-        };
-        // The renamed file's view rests on its copy at the new name, when there is one.
-        self.ns.rename_inode(&from, &to, copied.as_ref());
-        Ok(())
+        match self.entry_at(&from).await? {
+            Entry::Dir => self.rename_dir(&from, &to).await,
+            Entry::File(_) => self.rename_file(&from, &to).await,
+        }
     }
 
-    /// Returns the copy of the source object at the target, if the rename made one.
-    async fn rename_file(&self, from: &str, to: &str) -> FsResult<Option<Arc<ObjectMeta>>> {
+    async fn rename_file(&self, from: &str, to: &str) -> FsResult<()> {
         let w = self.writer()?;
         let (src_key, dst_key) = (self.ns.key_of(from), self.ns.key_of(to));
         // No upload of either name may start or land while the rename runs.
         let paused = (w.pause(&src_key).await, w.pause(&dst_key).await);
-        let result = self.rename_file_paused(from, to, &src_key, &dst_key).await;
+        let result = self
+            .rename_file_paused(from, to, &src_key, &dst_key)
+            .await
+            .map(|copied| {
+                // Still paused: the renamed file's view rests on its copy at the new name
+                // (when there is one) before an upload there can land and move it along.
+                self.ns.rename_inode(from, to, copied.as_ref());
+            });
         w.resume(paused.0).await;
         w.resume(paused.1).await;
         if result.is_err() {
@@ -295,9 +295,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Some(Entry::Dir) => return Err(FsError::IsDir),
             // What the kernel's view of the target rests on, if it has one: a generation
             // replaced since must not be replaced by us.
-            Some(Entry::File(m)) if !dst_local => {
-                Some(self.ns.basis_at(to).unwrap_or(m.generation))
-            }
+            Some(Entry::File(m)) if !dst_local => Some(self.ns.seen_at(to, &m)),
             found => {
                 let fresh = match &found {
                     Some(Entry::File(m)) => Some(m.as_ref()),
@@ -483,6 +481,9 @@ impl<S: ObjectStore> Filesystem<S> {
         let src_prefix = format!("{}/", self.ns.key_of(from));
         let paused = w.pause_under(&src_prefix).await;
         let result = self.rename_dir_paused(from, to).await;
+        if result.is_ok() {
+            self.ns.rename_inode(from, to, None);
+        }
         w.resume(paused).await;
         result
     }

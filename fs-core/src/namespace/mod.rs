@@ -75,6 +75,9 @@ pub struct Namespace<S: ObjectStore> {
     relisting: Mutex<std::collections::HashSet<String>>,
     /// Whether answers come from the last known state because the bucket cannot be reached.
     link: Arc<Reachability>,
+    /// The last generation this mount itself put at each path (uploads, rename copies): seen
+    /// by definition (I8), whichever inode the kernel holds for the name.
+    own: Cache<String, i64>,
     mount_time: SystemTime,
 }
 
@@ -92,6 +95,7 @@ impl<S: ObjectStore> Namespace<S> {
             )),
             link: Arc::new(Reachability::default()),
             shadow_logged: Cache::builder().max_capacity(10_000).build(),
+            own: Cache::builder().max_capacity(100_000).build(),
             relisting: Mutex::new(Default::default()),
             store,
             cfg,
@@ -392,6 +396,9 @@ impl<S: ObjectStore> Namespace<S> {
     /// generation (never told of one, or only of a file written here), the object found is
     /// taken for what the user sees.
     pub fn saw(&self, path: &str, m: &ObjectMeta) -> bool {
+        if self.own.get(path) == Some(m.generation) {
+            return true;
+        }
         match self.inodes.lock().basis_at(path) {
             Some(g) => g == m.generation,
             None => true,
@@ -401,6 +408,16 @@ impl<S: ObjectStore> Namespace<S> {
     /// The generation the kernel's view of the file at `path` rests on, if it has one.
     pub fn basis_at(&self, path: &str) -> Option<i64> {
         self.inodes.lock().basis_at(path)
+    }
+
+    /// The generation the user saw at `path` for a rename over it, given `m` found there: `m`
+    /// if it is this mount's own or the kernel's view has none, else the view's.
+    pub fn seen_at(&self, path: &str, m: &ObjectMeta) -> i64 {
+        if self.saw(path, m) {
+            m.generation
+        } else {
+            self.basis_at(path).unwrap_or(m.generation)
+        }
     }
 
     /// The object the kernel's view of file `ino` rests on, when `ino` still names it: the
@@ -495,6 +512,9 @@ impl<S: ObjectStore> Namespace<S> {
 
     /// The inode at `from` is now at `to`.
     pub fn rename_inode(&self, from: &str, to: &str, copied: Option<&Arc<ObjectMeta>>) {
+        if let Some(m) = copied {
+            self.own.insert(to.to_string(), m.generation);
+        }
         self.inodes.lock().rename(from, to, copied);
     }
 
@@ -503,6 +523,7 @@ impl<S: ObjectStore> Namespace<S> {
     pub fn settle_hook(&self) -> SettleHook {
         let cache = self.cache.clone();
         let inodes = self.inodes.clone();
+        let own = self.own.clone();
         let prefix = self.cfg.prefix.clone();
         let link = self.link.clone();
         Arc::new(move |key: &str, meta: Option<&ObjectMeta>| {
@@ -513,6 +534,7 @@ impl<S: ObjectStore> Namespace<S> {
                 Some(m) => {
                     // An upload landed: the bucket is reachable again.
                     link.reached();
+                    own.insert(path.to_string(), m.generation);
                     let m = Arc::new(m.clone());
                     inodes.lock().settled(path, &m);
                     cache.insert(path, Entry::File(m));

@@ -180,6 +180,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 return false;
             }
         };
+        // The state the record kept: later writes to the file were never saved either, and
+        // its present ranges do not cover them.
+        let len = len.min(rec.size);
         let mut ranges = RangeSet::new();
         for (start, end) in present {
             let end = end.min(len);
