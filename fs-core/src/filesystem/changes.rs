@@ -458,19 +458,13 @@ impl<S: ObjectStore> Filesystem<S> {
             Err(e) => return Err(e.into()),
         };
         match self.ns.store().head(dest).await {
-            // Every empty object has the same CRC32C and size: an empty one is ours only if it
-            // names the same writer as the source (another machine's claim is not our copy).
-            Ok(m)
-                if m.size == src.size
-                    && m.crc32c.is_some()
-                    && m.crc32c == src.crc32c
-                    && (m.size > 0
-                        || m.metadata.get(WRITER_KEY) == src.metadata.get(WRITER_KEY)) =>
-            {
-                Ok(m)
-            }
-            _ if err.kind == StoreErrorKind::PreconditionFailed => Err(FsError::Stale),
-            _ => Err(err.into()),
+            Ok(m) if is_copy_of(&m, src) => Ok(m),
+            // Someone else's object, or none: the precondition failed against another writer.
+            Ok(_) => Err(stale_or(err)),
+            Err(h) if h.kind == StoreErrorKind::NotFound => Err(stale_or(err)),
+            // Unknown whether the copy landed: a failure, never taken for another writer's
+            // object (that would save a needless conflict copy of our own copy).
+            Err(h) => Err(h.into()),
         }
     }
 
@@ -532,11 +526,13 @@ impl<S: ObjectStore> Filesystem<S> {
             } else {
                 Precondition::DoesNotExist
             };
+            let mut tried = dest.clone();
             let result = match self.copy_checked(o, &dest, pre).await {
                 Err(FsError::Stale) => {
                     let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
                     tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
                     w.note_conflict();
+                    tried = saved_as.clone();
                     self.copy_checked(o, &saved_as, Precondition::DoesNotExist)
                         .await
                 }
@@ -556,6 +552,21 @@ impl<S: ObjectStore> Filesystem<S> {
                     {
                         if let Err(d) = self.delete_checked(meta).await {
                             tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
+                        }
+                    }
+                    // The copy that failed may have landed with only its answer lost.
+                    if !(target_existed && tried == marker) {
+                        match self.ns.store().head(&tried).await {
+                            Ok(m) if is_copy_of(&m, o) => {
+                                if let Err(d) = self.delete_checked(&m).await {
+                                    tracing::warn!(key = %m.key, error = %d, "could not take back a copy of a failed directory rename");
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(h) if h.kind == StoreErrorKind::NotFound => {}
+                            Err(h) => {
+                                tracing::warn!(key = %tried, error = %h, "could not tell whether a copy of a failed directory rename landed");
+                            }
                         }
                     }
                     self.ns.forget_outcome(to);
@@ -658,4 +669,24 @@ impl<S: ObjectStore> Filesystem<S> {
             Entry::Dir => Err(FsError::NotSymlink),
         }
     }
+}
+
+/// A copy's failure once the object at its target is known not to be the copy: another
+/// writer's object when its precondition failed, else the failure itself.
+fn stale_or(err: crate::store::StoreError) -> FsError {
+    if err.kind == StoreErrorKind::PreconditionFailed {
+        FsError::Stale
+    } else {
+        err.into()
+    }
+}
+
+/// Whether `m` is a copy of `src`. Every empty object has the same CRC32C and size: an empty
+/// one is a copy only if it names the same writer as the source (another machine's claim is not
+/// our copy).
+fn is_copy_of(m: &ObjectMeta, src: &ObjectMeta) -> bool {
+    m.size == src.size
+        && m.crc32c.is_some()
+        && m.crc32c == src.crc32c
+        && (m.size > 0 || m.metadata.get(WRITER_KEY) == src.metadata.get(WRITER_KEY))
 }

@@ -241,12 +241,14 @@ where
 {
     // Every empty object has the same CRC32C and size: an empty one is ours only if it names
     // this mount as its writer, as our empty uploads do (another machine's claim, or its own
-    // empty file, is not a lost answer of ours).
-    let writer = job.opts.metadata.get(WRITER_KEY);
+    // empty file, is not a lost answer of ours). The mount's tag, not this job's metadata: a
+    // non-empty version carries no writer, yet an empty earlier one of ours may have landed.
     let is = |m: &ObjectMeta, crc: u32, len: u64| {
         m.crc32c == Some(crc)
             && m.size == len
-            && (len > 0 || (writer.is_some() && m.metadata.get(WRITER_KEY) == writer))
+            && (len > 0
+                || (!job.conflict_tag.is_empty()
+                    && m.metadata.get(WRITER_KEY) == Some(&job.conflict_tag)))
     };
     let err = match write(job.key.clone(), job.precondition).await {
         // The object made must be this version (a resumed session may answer with the object

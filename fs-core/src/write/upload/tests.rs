@@ -131,6 +131,70 @@ async fn a_changed_object_is_kept_and_ours_saved_beside_it() {
     }
 }
 
+/// An empty version of ours whose answer was lost is recognised by the mount's tag it carries,
+/// also by a later version that is not empty (and so names no writer itself): the sim's seed
+/// 451 saved a needless conflict copy after a restart.
+#[tokio::test]
+async fn a_lost_empty_version_of_ours_is_rebased_on_by_a_later_one() {
+    for (theirs, expect_conflict) in [("tag", false), ("another-mount", true)] {
+        let store = MemoryStore::new();
+        let opened = store.insert("doc", "original");
+        let empty = WriteOptions {
+            metadata: std::collections::HashMap::from([(
+                WRITER_KEY.to_string(),
+                theirs.to_string(),
+            )]),
+            ..Default::default()
+        };
+        store
+            .put(
+                "doc",
+                Bytes::new(),
+                Precondition::GenerationMatch(opened.generation),
+                &empty,
+            )
+            .await
+            .unwrap();
+        let data = bytes(400, 5);
+        let (_f, src) = source(&data);
+        let mut j = job(
+            "doc",
+            Precondition::GenerationMatch(opened.generation),
+            &data,
+        );
+        j.maybe_landed = vec![(crc32c::crc32c(b""), 0)];
+        let cfg = small_cfg(UploadMode::Resumable);
+        let out = upload(&store, &src, &j, &cfg, &UploadState::Staged, &no_progress)
+            .await
+            .unwrap();
+        match out {
+            Outcome::Rebased(m) => {
+                assert!(
+                    !expect_conflict,
+                    "another mount's empty object was taken for ours"
+                );
+                let mut j = j.clone();
+                j.precondition = Precondition::GenerationMatch(m.generation);
+                let out = upload(&store, &src, &j, &cfg, &UploadState::Staged, &no_progress)
+                    .await
+                    .unwrap();
+                assert!(matches!(out, Outcome::Uploaded(_)), "{out:?}");
+                assert_eq!(store.object_bytes("doc").unwrap(), data);
+                assert_eq!(store.keys().len(), 1, "{:?}", store.keys());
+            }
+            Outcome::Conflict(saved) => {
+                assert!(
+                    expect_conflict,
+                    "our own empty version made a conflict copy"
+                );
+                assert!(store.object_bytes("doc").unwrap().is_empty());
+                assert_eq!(store.object_bytes(&saved.key).unwrap(), data);
+            }
+            Outcome::Uploaded(_) => panic!("uploaded over an object it never saw"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn composite_upload_reuses_parts_already_uploaded() {
     let store = MemoryStore::new();
