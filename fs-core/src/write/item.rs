@@ -114,12 +114,22 @@ pub(super) struct Item {
     /// The journal record keeping changes that were not saved (held, or whose last close
     /// failed) across an unmount or a crash; removed once a commit saves them or the name goes.
     pub unsaved_record: Option<u64>,
+    /// The staging file that record names. While it is the working copy's own, a change to
+    /// the working copy first moves the working copy to a copy of it: the record's bytes are
+    /// never changed under it, so a crash finds the unsaved changes whole, not mixed with
+    /// later writes nobody saved (I2, I10).
+    pub unsaved_file: Option<u64>,
 }
 
 /// How many possibly-landed versions an item remembers.
 const MAYBE_LANDED: usize = 8;
 
 impl Item {
+    /// Whether the working copy's file is the one the unsaved record vouches for.
+    pub fn work_is_unsaved_record(&self) -> bool {
+        self.unsaved_record.is_some() && self.unsaved_file == Some(self.work_id)
+    }
+
     pub fn dirty(&self) -> bool {
         self.edits != self.committed
     }

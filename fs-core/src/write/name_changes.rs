@@ -198,6 +198,7 @@ impl<S: ObjectStore> WriteBack<S> {
         if let Some(u) = it.unsaved_record.take() {
             self.journal.remove(u).await?;
         }
+        self.drop_unsaved_file(&mut it);
         if let Some(p) = it.pending.take() {
             self.journal.remove(p.id).await?;
             if p.id != it.work_id {
@@ -241,6 +242,8 @@ impl<S: ObjectStore> WriteBack<S> {
             if let Some(u) = o.unsaved_record.take() {
                 changes.push(Change::Del(u));
             }
+            // Through the pool: kept until the batch below is durable.
+            self.drop_unsaved_file(&mut o);
             if let Some(p) = o.pending.take() {
                 changes.push(Change::Del(p.id));
                 if p.id != o.work_id {
@@ -286,12 +289,22 @@ impl<S: ObjectStore> WriteBack<S> {
         if let Some(p) = it.pending.clone() {
             changes.push(Change::Put(it.record(&p)));
         }
+        let moved_unsaved = it.unsaved_record.is_some() && !it.work_is_unsaved_record();
         if let Some(u) = it.unsaved_record {
-            // Changes kept as not saved follow the name too.
+            // Changes kept as not saved follow the name too. The working copy moved off the
+            // record's file since (it was written to): the record names it as it is now, made
+            // durable first, a state the user had.
+            if moved_unsaved {
+                self.work_durable(&mut it).await?;
+            }
             changes.push(Change::Put(it.unsaved(u)));
         }
         if !changes.is_empty() {
             self.journal.apply(Change::Batch(changes)).await?;
+        }
+        if moved_unsaved {
+            self.drop_unsaved_file(&mut it);
+            it.unsaved_file = Some(it.work_id);
         }
         shared.publish(&it);
         if uploaded_before && (new_base.is_none() || !adopt) {

@@ -140,6 +140,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 held: None,
                 close_failed: false,
                 unsaved_record: None,
+                unsaved_file: None,
             };
             item.sched.due_in(Duration::ZERO);
             let shared = Shared::new(item);
@@ -205,6 +206,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 it.edits = it.committed + 1;
                 it.held = held;
                 it.unsaved_record = Some(rec.id);
+                it.unsaved_file = Some(file);
                 if it.base.is_none() {
                     it.base = rec.base_generation.map(|g| (rec.key.clone(), g));
                 }
@@ -234,6 +236,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     held,
                     close_failed: true,
                     unsaved_record: Some(rec.id),
+                    unsaved_file: Some(file),
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);

@@ -107,6 +107,14 @@ impl StagingFile {
         }
     }
 
+    /// The same file with only `present` valid locally (a copy of a partial working copy),
+    /// cut to its size.
+    pub fn with_present(mut self, mut present: RangeSet) -> Self {
+        present.truncate(self.size);
+        self.present = present;
+        self
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -161,6 +169,10 @@ impl StagingFile {
         // Forget the runs first: a write that fails part-way may still have changed some of
         // their bytes, and a run must never vouch for bytes it did not see.
         self.crcs.forget(offset, offset + data.len() as u64);
+        if offset > self.size {
+            // The hole must read as zeros, not as bytes left past the end.
+            self.cut_tail()?;
+        }
         write_all_at(self.fd()?, data, offset)?;
         self.track_crc(offset, data);
         self.unflushed += data.len() as u64;
@@ -226,6 +238,9 @@ impl StagingFile {
 
     /// Shrinks or grows the file. Growth is zeros, present locally.
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
+        if len > self.size {
+            self.cut_tail()?;
+        }
         self.fd()?.set_len(len)?;
         self.crcs.truncate(len);
         if len > self.size {
@@ -234,6 +249,18 @@ impl StagingFile {
             self.present.truncate(len);
         }
         self.size = len;
+        Ok(())
+    }
+
+    /// Cuts the file on disk to its size. Bytes past the end may be there (an append never
+    /// acknowledged, kept by a replay that left the tail, or a write that failed part way), and
+    /// growth must show zeros there, never them (I2).
+    fn cut_tail(&mut self) -> io::Result<()> {
+        let size = self.size;
+        let fd = self.fd()?;
+        if fd.metadata()?.len() > size {
+            fd.set_len(size)?;
+        }
         Ok(())
     }
 
@@ -430,6 +457,28 @@ mod tests {
         assert_eq!(&all[10..14], b"USER");
         assert_eq!(&all[14..], &[b'b'; 86][..]);
         assert_eq!(f.crc32c().unwrap(), crc32c::crc32c(&all));
+    }
+
+    /// A staging file longer than its version (an append never acknowledged, left by a replay)
+    /// grows by zeros: the sim's seed 225 saw a truncate that grew a replayed file show the
+    /// bytes of the lost append.
+    #[test]
+    fn growth_past_a_left_tail_is_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.data");
+        std::fs::write(&p, [b'x'; 100]).unwrap();
+        let mut f = StagingFile::open_complete(&p, 50);
+        f.truncate(80).unwrap();
+        assert_eq!(f.read_at(50, 30).unwrap(), vec![0u8; 30]);
+        let mut g = StagingFile::open_complete(&p, 50);
+        std::fs::write(&p, [b'y'; 100]).unwrap();
+        g.write_at(90, b"END").unwrap();
+        assert_eq!(g.read_at(50, 40).unwrap(), vec![0u8; 40]);
+        assert_eq!(g.read_at(90, 3).unwrap(), b"END");
+        let mut all = vec![b'y'; 50];
+        all.extend([0u8; 40]);
+        all.extend(b"END");
+        assert_eq!(g.crc32c().unwrap(), crc32c::crc32c(&all));
     }
 
     proptest::proptest! {

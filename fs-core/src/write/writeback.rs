@@ -279,6 +279,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 held: None,
                 close_failed: false,
                 unsaved_record: None,
+                unsaved_file: None,
             };
             let shared = Shared::new(item);
             {
@@ -437,6 +438,44 @@ impl<S: ObjectStore> WriteBack<S> {
         self.space.recharge(&shared.charged, size);
     }
 
+    /// Lets go of the staging file an unsaved record named, once no record names it (through
+    /// the pool: it stays until the record's removal is durable). The working copy's own file
+    /// is kept.
+    pub(super) fn drop_unsaved_file(&self, it: &mut Item) {
+        if let Some(f) = it.unsaved_file.take() {
+            if f != it.work_id && it.pending.as_ref().is_none_or(|p| p.id != f) {
+                self.recycle(f);
+            }
+        }
+    }
+
+    /// The working copy is about to change while the unsaved record vouches for its file:
+    /// the change goes to a copy of its first `len` bytes (what is present stays present), and
+    /// the record's file is left as it is until a save or a newer record replaces it. Space
+    /// for the copy is charged by the caller's reservation of the working copy only: the
+    /// record's file is the bytes the user already had.
+    async fn detach_from_unsaved(&self, it: &mut Item, len: u64) -> FsResult<()> {
+        if !it.work_is_unsaved_record() {
+            return Ok(());
+        }
+        let len = len.min(it.work.size());
+        let present = it.work.present().clone();
+        let (id, copy, named) = if len == 0 {
+            self.new_staging(0, RangeSet::new()).await?
+        } else {
+            let id = self.new_id();
+            let path = self.dir.staging_path(id);
+            let copy = staging::copy_prefix(it.work.path(), &path, len).await?;
+            (id, copy.with_present(present), false)
+        };
+        tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "the working copy leaves the file its unsaved changes are kept in");
+        it.work.close_fd();
+        it.work = copy;
+        it.work_id = id;
+        it.work_named = named;
+        Ok(())
+    }
+
     /// The working copy is about to change in a way that would alter the pending version's
     /// bytes: edit a copy of its first `len` bytes instead.
     async fn copy_on_write(&self, it: &mut Item, len: u64) -> FsResult<()> {
@@ -502,6 +541,7 @@ impl<S: ObjectStore> WriteBack<S> {
         data: &[u8],
     ) -> FsResult<()> {
         self.settle_forgotten(it).await?;
+        self.detach_from_unsaved(it, u64::MAX).await?;
         let end = it.work.size().max(offset + data.len() as u64);
         // Would this change bytes of the pending version, kept in the same file? Then the
         // version stays as it is and the write goes to a copy (charged for up front).
@@ -547,6 +587,7 @@ impl<S: ObjectStore> WriteBack<S> {
 
     async fn truncate_held(&self, shared: &Shared, it: &mut Item, len: u64) -> FsResult<()> {
         self.settle_forgotten(it).await?;
+        self.detach_from_unsaved(it, len).await?;
         match it.pending.as_ref().map(|p| (p.id, p.size)) {
             Some((id, size)) if id == it.work_id && len < size => {
                 self.reserve_bytes(shared, len + size).await?;
@@ -702,6 +743,7 @@ impl<S: ObjectStore> WriteBack<S> {
             return Err(e.into());
         }
         it.unsaved_record = None;
+        self.drop_unsaved_file(it);
         it.next_seq += 1;
         it.pending = Some(v);
         it.committed = it.edits;
@@ -819,6 +861,18 @@ impl<S: ObjectStore> WriteBack<S> {
         });
     }
 
+    /// Makes the working copy's bytes and its name durable, before a record names them.
+    pub(super) async fn work_durable(&self, it: &mut Item) -> std::io::Result<()> {
+        let file = it.work.clone_file()?;
+        crate::platform::blocking(move || file.sync_all()).await?;
+        if !it.work_named {
+            let dir = self.dir.staging_dir();
+            crate::platform::blocking(move || crate::platform::sync_dir(&dir)).await?;
+            it.work_named = true;
+        }
+        Ok(())
+    }
+
     /// Changes that were not saved (held, or the last close failed) stay staged: their bytes
     /// are made durable and a journal record keeps them across an unmount or a crash. They
     /// are never uploaded from it. Best effort: the disk that failed a write may fail this too.
@@ -826,25 +880,18 @@ impl<S: ObjectStore> WriteBack<S> {
         if it.life != Life::Live || !it.dirty() {
             return;
         }
-        let synced = match it.work.clone_file() {
-            Ok(file) => crate::platform::blocking(move || file.sync_all()).await,
-            Err(e) => Err(e),
-        };
-        let named = if it.work_named {
-            Ok(())
-        } else {
-            let dir = self.dir.staging_dir();
-            crate::platform::blocking(move || crate::platform::sync_dir(&dir)).await
-        };
         let id = it.unsaved_record.unwrap_or_else(|| self.new_id());
-        let kept = match synced.and(named) {
+        let kept = match self.work_durable(it).await {
             Ok(()) => self.journal.put(&it.unsaved(id)).await,
             Err(e) => Err(e),
         };
         match kept {
             Ok(()) => {
-                it.work_named = true;
                 it.unsaved_record = Some(id);
+                // The record now names the working copy's file; one it named before (the
+                // working copy moved off it since) is no longer needed.
+                self.drop_unsaved_file(it);
+                it.unsaved_file = Some(it.work_id);
             }
             Err(e) => {
                 tracing::error!(key = %it.key, error = %e, "could not keep the file's unsaved changes in the journal; they are lost if the mount stops")
@@ -951,6 +998,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 tracing::warn!(error = %e, "could not remove a journal record");
             }
         }
+        self.drop_unsaved_file(it);
         {
             let mut map = self.by_key.lock();
             // Only this item's entry: a newer item may already have taken the name.
