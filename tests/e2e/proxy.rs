@@ -2,7 +2,8 @@
 //!
 //! The emulator answers 200 to a compose and to a media upload whose `ifGenerationMatch` does
 //! not hold; with `--enforce-preconditions` the proxy answers 412 for it, so that a test can see
-//! a write that would replace another writer's object refused.
+//! a write that would replace another writer's object refused, and it serialises the writes to
+//! one object name so that writers racing with the same expected generation see one win.
 
 use bucketdrive_tests::{encode_path, random_bytes, Emulator, Proxy, Result};
 
@@ -133,5 +134,39 @@ fn proxy_enforces_generation_preconditions_on_compose_and_media_uploads() -> Res
         stats.contains("10 checked, 6 answered 412"),
         "the proxy's counts are off: {stats}"
     );
+    Ok(())
+}
+
+#[test]
+fn proxy_serialises_conditional_writes_to_one_object() -> Result<()> {
+    let emu = Emulator::start()?;
+    emu.create_bucket(BUCKET)?;
+    let proxy = Proxy::start(&emu, &["--latency", "0ms", "--enforce-preconditions"])?;
+    let key = "contended";
+    emu.put(BUCKET, key, b"first")?;
+    let gen = generation(&emu, key)?;
+    // Writers racing with the same expected generation: the check and the write of each are
+    // one step, so exactly one of them wins.
+    let statuses = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..8u8)
+            .map(|i| {
+                let base = proxy.url();
+                s.spawn(move || {
+                    let client = Client {
+                        agent: ureq::AgentBuilder::new().build(),
+                        base,
+                    };
+                    client.upload(key, gen, &[b'a' + i; 64 * 1024])
+                })
+            })
+            .collect();
+        writers
+            .into_iter()
+            .map(|w| w.join().map_err(|_| anyhow::anyhow!("a writer panicked"))?)
+            .collect::<Result<Vec<u16>>>()
+    })?;
+    let won = statuses.iter().filter(|&&s| s == 200).count();
+    let refused = statuses.iter().filter(|&&s| s == 412).count();
+    assert_eq!((won, refused), (1, 7), "statuses: {statuses:?}");
     Ok(())
 }
