@@ -7,11 +7,34 @@
 //! forwarded, which is the first-byte latency a client sees. `--up-rate` caps client-to-server
 //! bytes the same way, for uploads.
 //!
-//! Requests. The proxy does not parse HTTP. A request starts with the first client bytes of a
-//! connection, or with client bytes that follow a quiet moment (`--request-gap`) once the
-//! server has answered the previous request (HTTP/1.1 clients send one request at a time per
-//! connection, and wait for the answer before sending the next; a `100 Continue` is not an
-//! answer).
+//! Requests. The proxy does not parse HTTP beyond a request line. A request starts with the
+//! first client bytes of a connection, or with client bytes that follow a quiet moment
+//! (`--request-gap`) once the server has answered the previous request (HTTP/1.1 clients send
+//! one request at a time per connection, and wait for the answer before sending the next; a
+//! `100 Continue` is not an answer). With `--enforce-preconditions`, client bytes that begin
+//! like a request line once the server has answered start a new request however soon they come.
+//!
+//! Preconditions (`--enforce-preconditions`, off by default). The emulator answers 200 to a
+//! compose, a media upload, the start of a resumable session, a copy or rewrite and a delete
+//! whose `ifGenerationMatch` does not hold. With this flag the proxy reads the request line of
+//! each new request; when it is a write that names its object there (a compose, by the path;
+//! a copy or rewrite, by its destination; an upload or a resumable session's start, by the
+//! `name` query parameter; a delete or metadata update, by the path), the proxy:
+//! - waits until the previous such write to the same object name, on any connection, has been
+//!   answered by the server, and holds the name until this one's answer starts, so that its
+//!   check and its write are one step for every other write the proxy recognises;
+//! - if it carries `ifGenerationMatch` or `ifGenerationNotMatch` (0 meaning "no live object"),
+//!   looks up the object's generation with a side request to the server (`GET` of the object
+//!   resource; 404 means there is none) and, when a condition does not hold, answers
+//!   `412 Precondition Failed` itself with a GCS-shaped JSON error and `Connection: close`,
+//!   never forwarding the request, and reads the rest of the request before closing so that
+//!   the client reads the answer rather than a reset; if the lookup fails it answers 503.
+//!
+//! Writes that name their object only in the body (multipart uploads and resumable sessions
+//! started without a `name` parameter, which the emulator checks itself for multipart) and a
+//! resumable session's chunks are forwarded unchecked and unserialised; a resumable session's
+//! start is checked, but the object is only written by its last chunk, later. Fault decisions
+//! come first: a request refused or swallowed by a fault is neither checked nor serialised.
 //!
 //! Faults, all off by default and all drawn from one random generator seeded with `--seed`:
 //! - resets: per MiB relayed in a direction, the chance that the connection is reset (both
@@ -30,7 +53,8 @@
 //!   fault flag is given);
 //! - `down`: the link is cut: open connections are reset, new ones are reset as they arrive;
 //! - `up`: the link works again;
-//! - `stats`: answers the counts of faults injected instead of `ok`.
+//! - `stats`: answers the counts of faults injected (and, when enforced, of the preconditions
+//!   checked and answered 412) instead of `ok`.
 //!
 //! Every change prints one line with the counts to standard error, so a test log shows what the
 //! link did. It prints `listening 127.0.0.1:PORT` once ready, then `control 127.0.0.1:PORT` if
@@ -42,11 +66,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use preconditions::{Locks, Write};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedMutexGuard};
+
+mod preconditions;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -100,6 +127,11 @@ struct Args {
     /// Address of the control port (e.g. 127.0.0.1:0); none by default.
     #[arg(long)]
     control: Option<SocketAddr>,
+    /// Enforce `ifGenerationMatch` and `ifGenerationNotMatch` on writes that name their object
+    /// in the request line, answering `412 Precondition Failed` itself when they do not hold,
+    /// and serialise the writes to one object name.
+    #[arg(long)]
+    enforce_preconditions: bool,
 }
 
 impl Args {
@@ -152,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         println!("control {}", control.local_addr()?);
         tokio::spawn(serve_control(link.clone(), control));
     }
-    if args.any_fault() {
+    if args.any_fault() || args.enforce_preconditions {
         eprintln!("link-proxy: seed {seed}, {}", link.summary());
     }
     loop {
@@ -174,6 +206,9 @@ struct Counts {
     black_holes: AtomicU64,
     swallowed: AtomicU64,
     cut_by_down: AtomicU64,
+    preconditions_checked: AtomicU64,
+    preconditions_failed: AtomicU64,
+    precondition_lookup_errors: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -209,6 +244,8 @@ struct Link {
     down: watch::Sender<bool>,
     fate: Mutex<Fate>,
     counts: Counts,
+    /// The writes under way per object name, when preconditions are enforced.
+    locks: Locks,
 }
 
 impl Link {
@@ -222,6 +259,7 @@ impl Link {
                 black_hole_until: None,
             }),
             counts: Counts::default(),
+            locks: Locks::default(),
             args,
         }
     }
@@ -322,7 +360,7 @@ impl Link {
         format!(
             "faults {}, link {}; requests {}, resets {} (up {}, down {}), 503 bursts {} \
              ({} requests refused), dropped responses {}, black holes {} ({} requests \
-             swallowed), connections cut by down {}",
+             swallowed), connections cut by down {}; preconditions {}",
             if self.faults_on() { "on" } else { "off" },
             if self.is_down() { "down" } else { "up" },
             n(&c.requests),
@@ -335,6 +373,16 @@ impl Link {
             n(&c.black_holes),
             n(&c.swallowed),
             n(&c.cut_by_down),
+            if self.args.enforce_preconditions {
+                format!(
+                    "enforced: {} checked, {} answered 412, {} lookups failed",
+                    n(&c.preconditions_checked),
+                    n(&c.preconditions_failed),
+                    n(&c.precondition_lookup_errors),
+                )
+            } else {
+                "left to the server".to_string()
+            },
         )
     }
 }
@@ -373,6 +421,8 @@ enum Cut {
     Refuse,
     /// Hold the client's connection open and never answer.
     Swallow,
+    /// Answer the client 412 and close: the write's preconditions do not hold.
+    PreconditionFailed,
 }
 
 /// What one connection's two directions share.
@@ -382,6 +432,20 @@ struct Conn {
     answered: AtomicBool,
     /// The answer to the current request is to be dropped.
     drop_response: AtomicBool,
+    /// The lock of the object the current request writes, held until its answer starts.
+    write_lock: Mutex<Option<OwnedMutexGuard<()>>>,
+}
+
+impl Conn {
+    /// Lets the next write to the object of the current request go ahead.
+    fn release_write_lock(&self) {
+        let guard = self
+            .write_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(guard);
+    }
 }
 
 /// Serves one client connection until either side closes or a fault ends it.
@@ -422,7 +486,11 @@ async fn serve(link: Arc<Link>, mut client: TcpStream) {
         }
         Some(Cut::Refuse) => {
             drop(server);
-            refuse(client).await;
+            answer_and_close(client, SERVICE_UNAVAILABLE).await;
+        }
+        Some(Cut::PreconditionFailed) => {
+            drop(server);
+            answer_and_close(client, &preconditions::precondition_failed()).await;
         }
         Some(Cut::Swallow) => {
             drop(server);
@@ -441,15 +509,20 @@ async fn pump_up(
     let mut buf = vec![0u8; 64 * 1024];
     let mut shaper = Shaper::new(link.args.up_rate);
     let mut last = None::<Instant>;
+    let enforce = link.args.enforce_preconditions;
     loop {
-        let n = match from.read(&mut buf).await {
+        let mut n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
         let new_request = match last {
             None => true,
             Some(t) => {
-                t.elapsed() >= link.args.request_gap && conn.answered.swap(false, Ordering::SeqCst)
+                // Enforcing preconditions, a request line right after an answer is a new
+                // request however soon it comes.
+                let fresh = t.elapsed() >= link.args.request_gap
+                    || (enforce && preconditions::looks_like_request(&buf[..n]));
+                fresh && conn.answered.swap(false, Ordering::SeqCst)
             }
         };
         if new_request {
@@ -461,6 +534,10 @@ async fn pump_up(
                 Verdict::Swallow => return Err(Cut::Swallow),
             }
             tokio::time::sleep(link.args.latency).await;
+            if enforce {
+                n = read_request_line(&mut from, &mut buf, n).await;
+                enforce_preconditions(link, conn, &buf[..n]).await?;
+            }
         }
         if link.roll_reset(Direction::Up, n) {
             return Err(Cut::Reset);
@@ -473,6 +550,59 @@ async fn pump_up(
     }
     let _ = to.shutdown().await;
     Ok(())
+}
+
+/// Reads on until `buf[..n]` holds a whole request line (or the buffer is full, or the client
+/// stops sending); returns the bytes now in `buf`.
+async fn read_request_line(
+    from: &mut (impl AsyncRead + Unpin),
+    buf: &mut [u8],
+    mut n: usize,
+) -> usize {
+    while n < buf.len() && !buf[..n].windows(2).any(|w| w == b"\r\n") {
+        match from.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(m) => n += m,
+        }
+    }
+    n
+}
+
+/// For a new request starting with `head`: if it writes an object named in its request line,
+/// waits for the previous write to that name to be answered and holds the name until this
+/// one's answer starts; if it carries generation conditions, looks up the object's generation
+/// upstream and refuses the request (412) when they do not hold, or (503) when the lookup
+/// fails.
+async fn enforce_preconditions(link: &Link, conn: &Conn, head: &[u8]) -> Result<(), Cut> {
+    let Some(Write {
+        bucket,
+        name,
+        condition,
+    }) = preconditions::parse_request_line(head).and_then(|r| preconditions::classify(&r))
+    else {
+        return Ok(());
+    };
+    let key = format!("{bucket}/{name}");
+    let guard = link.locks.lock(key).await;
+    *conn.write_lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
+    let Some(condition) = condition else {
+        return Ok(());
+    };
+    bump(&link.counts.preconditions_checked);
+    match preconditions::current_generation(link.args.upstream, &bucket, &name).await {
+        Ok(current) if condition.holds(current) => Ok(()),
+        Ok(_) => {
+            bump(&link.counts.preconditions_failed);
+            conn.release_write_lock();
+            Err(Cut::PreconditionFailed)
+        }
+        Err(e) => {
+            bump(&link.counts.precondition_lookup_errors);
+            eprintln!("link-proxy: generation of {bucket}/{name} unknown ({e}): answering 503");
+            conn.release_write_lock();
+            Err(Cut::Refuse)
+        }
+    }
 }
 
 /// Relays server to client, dropping an answer when told to and rolling for resets.
@@ -491,6 +621,7 @@ async fn pump_down(
         };
         // An interim answer (100 Continue) is not the answer: the body follows it.
         if !buf[..n].starts_with(b"HTTP/1.1 1") {
+            conn.release_write_lock();
             conn.answered.store(true, Ordering::SeqCst);
             if conn.drop_response.swap(false, Ordering::SeqCst) {
                 bump(&link.counts.dropped_responses);
@@ -509,10 +640,11 @@ async fn pump_down(
     Ok(())
 }
 
-/// Answers 503 and closes, reading what the client still sends so that closing does not reset
-/// the connection before the client has read the answer.
-async fn refuse(mut client: TcpStream) {
-    let _ = client.write_all(SERVICE_UNAVAILABLE).await;
+/// Sends `answer` (one that closes the connection) and closes, reading what the client still
+/// sends (the rest of its request) so that closing does not reset the connection before the
+/// client has read the answer.
+async fn answer_and_close(mut client: TcpStream, answer: &[u8]) {
+    let _ = client.write_all(answer).await;
     let _ = client.shutdown().await;
     let mut buf = vec![0u8; 64 * 1024];
     let _ = tokio::time::timeout(REFUSE_LINGER, async {
