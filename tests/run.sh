@@ -16,10 +16,13 @@ trap 'rm -f "$log"' EXIT
 # The seeded simulation and soak run on their own below, so that their seeds, counts and
 # injected faults are printed even when they pass.
 cargo test --workspace "$@" -- --skip sim_seeds --skip sim_shared_seeds \
-  --skip soak_random_operations_with_faults_and_daemon_kills 2>&1 | tee "$log"
+  --skip soak_random_operations_with_faults_and_daemon_kills \
+  --skip soak_two_mounts_and_a_direct_writer 2>&1 | tee "$log"
 cargo test -p fs-core --test sim sim_seeds -- --nocapture 2>&1 | tee -a "$log"
 cargo test -p fs-core --test sim sim_shared_seeds -- --nocapture 2>&1 | tee -a "$log"
 cargo test -p bucketdrive-tests --test faults soak_random_operations_with_faults_and_daemon_kills \
+  -- --nocapture --test-threads 1 2>&1 | grep -v '^link-proxy: ' | tee -a "$log"
+cargo test -p bucketdrive-tests --test faults soak_two_mounts_and_a_direct_writer \
   -- --nocapture --test-threads 1 2>&1 | grep -v '^link-proxy: ' | tee -a "$log"
 # One closing line for the whole workspace (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "\n%d passed, %d failed\n", p, f }' "$log"

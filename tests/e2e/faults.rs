@@ -35,6 +35,9 @@ const COMPOSITE: [&str; 4] = [
     "--upload-part-size",
     "1MiB",
 ];
+#[path = "faults/two_mounts.rs"]
+mod two_mounts;
+
 const PARTS_PREFIX: &str = ".bucketdrive-parts/";
 
 /// The tests here time uploads against a shaped link and cut it at chosen moments: they run one

@@ -557,7 +557,11 @@ impl<S: ObjectStore> Filesystem<S> {
                     // The copy that failed may have landed with only its answer lost.
                     if !(target_existed && tried == marker) {
                         match self.ns.store().head(&tried).await {
-                            Ok(m) if is_copy_of(&m, o) => {
+                            // An empty object names its writer, or it may be anyone's.
+                            Ok(m)
+                                if is_copy_of(&m, o)
+                                    && (m.size > 0 || m.metadata.contains_key(WRITER_KEY)) =>
+                            {
                                 if let Err(d) = self.delete_checked(&m).await {
                                     tracing::warn!(key = %m.key, error = %d, "could not take back a copy of a failed directory rename");
                                 }

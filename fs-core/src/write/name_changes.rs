@@ -233,6 +233,18 @@ impl<S: ObjectStore> WriteBack<S> {
             return Ok(());
         };
         let replaced = self.live(to).filter(|r| !Arc::ptr_eq(r, &shared));
+        // Changes kept as not saved follow the name. When the working copy moved off the
+        // record's file since (it was written to), the record will name it as it is now, a
+        // state the user had: made durable first, before anything here changes, so a failure
+        // leaves the rename undone in memory as well.
+        let moved_unsaved = {
+            let mut it = shared.item.lock().await;
+            let moved = it.unsaved_record.is_some() && !it.work_is_unsaved_record();
+            if moved {
+                self.work_durable(&mut it).await?;
+            }
+            moved
+        };
         let mut changes = Vec::new();
         if let Some(old) = &replaced {
             // Renaming over a file being written replaces it.
@@ -289,20 +301,13 @@ impl<S: ObjectStore> WriteBack<S> {
         if let Some(p) = it.pending.clone() {
             changes.push(Change::Put(it.record(&p)));
         }
-        let moved_unsaved = it.unsaved_record.is_some() && !it.work_is_unsaved_record();
         if let Some(u) = it.unsaved_record {
-            // Changes kept as not saved follow the name too. The working copy moved off the
-            // record's file since (it was written to): the record names it as it is now, made
-            // durable first, a state the user had.
-            if moved_unsaved {
-                self.work_durable(&mut it).await?;
-            }
             changes.push(Change::Put(it.unsaved(u)));
         }
         if !changes.is_empty() {
             self.journal.apply(Change::Batch(changes)).await?;
         }
-        if moved_unsaved {
+        if moved_unsaved && !it.work_is_unsaved_record() {
             self.drop_unsaved_file(&mut it);
             it.unsaved_file = Some(it.work_id);
         }

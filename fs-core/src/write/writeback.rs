@@ -743,9 +743,14 @@ impl<S: ObjectStore> WriteBack<S> {
             return Err(e.into());
         }
         it.unsaved_record = None;
-        self.drop_unsaved_file(it);
+        if old.as_ref().is_some_and(|o| Some(o.id) == it.unsaved_file) {
+            // The superseded version's file: it goes as that version's does, below (not while
+            // an attempt in flight still reads it).
+            it.unsaved_file = None;
+        }
         it.next_seq += 1;
         it.pending = Some(v);
+        self.drop_unsaved_file(it);
         it.committed = it.edits;
         if let Some(o) = old.filter(|o| o.id != it.work_id) {
             // Superseded before it reached the bucket. An attempt in flight still reads it and
