@@ -295,7 +295,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Some(Entry::Dir) => return Err(FsError::IsDir),
             // What the kernel's view of the target rests on, if it has one: a generation
             // replaced since must not be replaced by us.
-            Some(Entry::File(m)) if !dst_local => Some(self.ns.seen_at(to, &m)),
+            Some(Entry::File(m)) if !dst_local => self.ns.seen_at(to, &m),
             found => {
                 let fresh = match &found {
                     Some(Entry::File(m)) => Some(m.as_ref()),
@@ -585,6 +585,9 @@ impl<S: ObjectStore> Filesystem<S> {
                 self.ns.forget_outcome(to);
                 return Err(e);
             }
+        }
+        for meta in copied.values() {
+            self.ns.note_own(meta);
         }
         for (key, _) in w.local_under(&src_prefix) {
             let dest = format!("{dst_prefix}{}", &key[src_prefix.len()..]);

@@ -216,9 +216,16 @@ impl InodeTable {
     /// The bucket generation the kernel's view of the file at `path` rests on, if the kernel
     /// was told of one (a file written here and not yet uploaded under this name has none).
     pub fn basis_at(&self, path: &str) -> Option<i64> {
+        self.view_at(path).flatten()
+    }
+
+    /// What the kernel's view at `path` rests on: `None` when the kernel holds no inode there,
+    /// `Some(None)` for one that rests on no bucket object (a file written here and not yet
+    /// uploaded under this name), `Some(Some(g))` for generation `g`.
+    pub fn view_at(&self, path: &str) -> Option<Option<i64>> {
         let ino = self.by_path.get(path)?;
         let inode = self.by_ino.get(ino).filter(|i| !i.detached)?;
-        inode.basis.map(|(g, _)| g).filter(|g| *g > 0)
+        Some(inode.basis.map(|(g, _)| g).filter(|g| *g > 0))
     }
 
     /// Adds to the lookup count of an existing inode.

@@ -399,8 +399,13 @@ impl<S: ObjectStore> Namespace<S> {
         if self.own.get(path) == Some(m.generation) {
             return true;
         }
-        match self.inodes.lock().basis_at(path) {
-            Some(g) => g == m.generation,
+        match self.inodes.lock().view_at(path) {
+            Some(Some(g)) => g == m.generation,
+            // The view is of a file written here that never reached the bucket under this
+            // name: an object there is someone else's, never seen here (the sim's shared seed
+            // 491 deleted another writer's object after our upload went to a conflict copy).
+            Some(None) => false,
+            // No view to go by.
             None => true,
         }
     }
@@ -411,12 +416,13 @@ impl<S: ObjectStore> Namespace<S> {
     }
 
     /// The generation the user saw at `path` for a rename over it, given `m` found there: `m`
-    /// if it is this mount's own or the kernel's view has none, else the view's.
-    pub fn seen_at(&self, path: &str, m: &ObjectMeta) -> i64 {
+    /// if it is this mount's own or there is no view to go by, else the view's (`None` when the
+    /// view rests on no bucket object: the user saw none there).
+    pub fn seen_at(&self, path: &str, m: &ObjectMeta) -> Option<i64> {
         if self.saw(path, m) {
-            m.generation
+            Some(m.generation)
         } else {
-            self.basis_at(path).unwrap_or(m.generation)
+            self.basis_at(path)
         }
     }
 
@@ -508,6 +514,14 @@ impl<S: ObjectStore> Namespace<S> {
     /// Nothing is at `path` any more (unlinked or removed): its inode stops answering to it.
     pub fn detach(&self, path: &str) {
         self.inodes.lock().detach(path);
+    }
+
+    /// The object `m` (at its key) is this mount's own making: a copy of a directory rename.
+    /// It counts as seen at its path, as an upload of ours does.
+    pub fn note_own(&self, m: &ObjectMeta) {
+        if let Some(path) = m.key.strip_prefix(&self.cfg.prefix) {
+            self.own.insert(path.to_string(), m.generation);
+        }
     }
 
     /// The inode at `from` is now at `to`.

@@ -210,9 +210,13 @@ struct Mount {
     acked_ever: HashSet<Digest>,
     /// Files that vanished from this mount's view not by its user's doing (another writer
     /// deleted or replaced them): their acknowledged version is still owed.
-    orphans: Vec<MFile>,
+    orphans: Vec<(FileId, MFile)>,
     /// Files left staged and reported unsaved after the final drain.
     unsaved: u64,
+    /// Files whose last close this mount's user was told failed with `ESTALE`: some of their
+    /// bytes belonged to a generation another writer replaced. If that generation is gone,
+    /// those bytes cannot be read (I9: kept staged, reported unsaved), and a read may fail.
+    told_stale: BTreeSet<FileId>,
     /// Contents the mount showed after a save that are no version with the user's writes.
     mixed: HashSet<Digest>,
 }
@@ -623,6 +627,7 @@ impl Sim {
                 acked_ever: HashSet::new(),
                 orphans: Vec::new(),
                 unsaved: 0,
+                told_stale: BTreeSet::new(),
                 mixed: HashSet::new(),
             });
         }
@@ -857,7 +862,7 @@ impl Sim {
         if let Some(id) = mount.model.names.remove(path) {
             mount.edits.remove(&id);
             let f = mount.model.files.get_mut(&id).expect("a live file");
-            mount.orphans.push(f.clone());
+            mount.orphans.push((id, f.clone()));
             f.path = None;
         }
     }
@@ -961,6 +966,16 @@ impl Sim {
             .remove(&file)
             .unwrap_or_else(|| (f.current.clone(), Vec::new()));
         let Some(path) = f.path.clone() else {
+            // Gone from the view (another writer removed or replaced its name), yet saved
+            // through a descriptor: that state is owed from here on, wherever the mount keeps
+            // it (a conflict copy), instead of the one saved before.
+            let mount = &mut self.mounts[m];
+            mount.acked_ever.insert(digest(&f.current));
+            if let Some((_, o)) = mount.orphans.iter_mut().find(|(id, _)| *id == file) {
+                o.acked = Some(f.current.clone());
+                o.maybe.clear();
+                o.current = f.current.clone();
+            }
             return Ok(());
         };
         let p = path.clone();
@@ -1103,8 +1118,16 @@ impl Sim {
             r
         })?;
         match &r {
-            Ok(()) => self.acked(m, h.file)?,
-            Err(_) => self.maybe(m, h.file),
+            Ok(()) => {
+                self.mounts[m].told_stale.remove(&h.file);
+                self.acked(m, h.file)?
+            }
+            Err(e) => {
+                if *e == FsError::Stale {
+                    self.mounts[m].told_stale.insert(h.file);
+                }
+                self.maybe(m, h.file)
+            }
         }
         Ok(r)
     }
@@ -1606,6 +1629,14 @@ impl Sim {
             Seen::Failed(_) if self.faulty() => {}
             // The mount still holds the replaced generation's attributes (the stat cache).
             Seen::Failed(FsError::Stale) => {}
+            Seen::Failed(_) if self.mounts[m].told_stale.contains(&id) => {
+                self.note(
+                    Some(m),
+                    format!(
+                        "  ({path}: its unsaved changes lack bytes of a generation that is gone)"
+                    ),
+                );
+            }
             Seen::Failed(e) => {
                 return Err(violation(
                     "VIEW",
@@ -1815,7 +1846,7 @@ impl Sim {
                 .files
                 .values()
                 .filter(|f| f.path.is_some())
-                .chain(mount.orphans.iter());
+                .chain(mount.orphans.iter().map(|(_, f)| f));
             for f in owed {
                 let Some(acked) = &f.acked else { continue };
                 let forms: Vec<Digest> = std::iter::once(acked)
