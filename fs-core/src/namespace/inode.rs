@@ -219,13 +219,15 @@ impl InodeTable {
         self.view_at(path).flatten()
     }
 
-    /// What the kernel's view at `path` rests on: `None` when the kernel holds no inode there,
-    /// `Some(None)` for one that rests on no bucket object (a file written here and not yet
-    /// uploaded under this name), `Some(Some(g))` for generation `g`.
+    /// What the kernel's view at `path` rests on: `None` when there is no view to go by (no
+    /// inode there, or one whose basis is unknown, as after a directory rename), `Some(None)`
+    /// for one that rests on no bucket object (a file written here and not yet uploaded under
+    /// this name), `Some(Some(g))` for generation `g`.
     pub fn view_at(&self, path: &str) -> Option<Option<i64>> {
         let ino = self.by_path.get(path)?;
         let inode = self.by_ino.get(ino).filter(|i| !i.detached)?;
-        Some(inode.basis.map(|(g, _)| g).filter(|g| *g > 0))
+        let (g, _) = inode.basis?;
+        Some((g > 0).then_some(g))
     }
 
     /// Adds to the lookup count of an existing inode.

@@ -391,10 +391,11 @@ impl<S: ObjectStore> Namespace<S> {
         Ok((meta, keep_cache))
     }
 
-    /// Whether the object `m` at `path` is one this mount's user saw there: the generation the
-    /// kernel's inode for the name rests on (I8). Where the kernel's view rests on no bucket
-    /// generation (never told of one, or only of a file written here), the object found is
-    /// taken for what the user sees.
+    /// Whether the object `m` at `path` is one this mount's user saw there: one of this
+    /// mount's own uploads or copies, or the generation the kernel's inode for the name rests
+    /// on (I8). A view of a file written here that never reached the bucket under the name saw
+    /// no object there; with no view to go by (no inode, or its basis unknown), the object found
+    /// is taken for what the user sees.
     pub fn saw(&self, path: &str, m: &ObjectMeta) -> bool {
         if self.own.get(path) == Some(m.generation) {
             return true;

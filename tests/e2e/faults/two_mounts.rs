@@ -39,8 +39,10 @@ const PRIVATE: usize = 3;
 struct Version {
     writer: usize,
     name: String,
-    /// Where an editor save renames it to.
+    /// Where an editor save renamed it to (only when the rename was tried).
     target: Option<String>,
+    /// The editor save's rename returned success: its source name must be gone.
+    renamed: bool,
     data: Vec<u8>,
     acked: bool,
     /// Step at which it was written.
@@ -157,9 +159,10 @@ impl Soak2<'_> {
                     self.versions.push(Version {
                         writer: m,
                         name: tmp,
-                        target: Some(name),
+                        target: ok.then_some(name),
                         data,
-                        acked: ok && renamed,
+                        acked: ok,
+                        renamed,
                         step: n,
                     });
                 } else {
@@ -175,6 +178,7 @@ impl Soak2<'_> {
                         target: None,
                         data,
                         acked: ok,
+                        renamed: false,
                         step: n,
                     });
                 }
@@ -220,6 +224,7 @@ impl Soak2<'_> {
                         target: None,
                         data,
                         acked: ok,
+                        renamed: false,
                         step: n,
                     });
                 }
@@ -257,6 +262,7 @@ impl Soak2<'_> {
                     target: None,
                     data,
                     acked: ok,
+                    renamed: false,
                     step: n,
                 });
             }
@@ -297,6 +303,14 @@ impl Soak2<'_> {
         }
         let objects = self.rig.emu.objects(&self.rig.bucket)?;
         let mut problems = Vec::new();
+        // A run whose writes all failed would pass the checks below and prove nothing.
+        let acked = self.versions.iter().filter(|v| v.acked).count();
+        if acked * 2 < self.versions.len() {
+            problems.push(format!(
+                "only {acked} of {} versions were acknowledged: the link failed too much to test",
+                self.versions.len()
+            ));
+        }
         let mut found: BTreeSet<usize> = BTreeSet::new();
         for (key, data) in &objects {
             if key.ends_with('/') {
@@ -306,6 +320,7 @@ impl Soak2<'_> {
                 problems.push(format!("temporary part {key} left behind"));
                 continue;
             }
+            let conflict = key.contains(".conflict-");
             let whose: Vec<usize> = self
                 .versions
                 .iter()
@@ -317,6 +332,24 @@ impl Soak2<'_> {
                 })
                 .map(|(i, _)| i)
                 .collect();
+            // Only a mount makes conflict copies, of its own versions, and only of a name
+            // someone else also writes; a renamed file's old name is gone.
+            for &i in &whose {
+                let v = &self.versions[i];
+                if conflict && (v.writer >= self.machines.len() || v.name.contains("-p")) {
+                    problems.push(format!(
+                        "{key} is a conflict copy of {}, which nobody else writes to",
+                        short(data)
+                    ));
+                }
+                if v.renamed && *key == v.name {
+                    problems.push(format!(
+                        "{key} still holds {} after its rename to {:?} succeeded",
+                        short(data),
+                        v.target
+                    ));
+                }
+            }
             if whose.is_empty() {
                 problems.push(format!(
                     "{key} holds {}, which nobody wrote under that name",
