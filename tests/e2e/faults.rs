@@ -1498,32 +1498,44 @@ fn soak_random_operations_with_faults_and_daemon_kills() -> Result<()> {
         Ok(_) => vec![env_number("SOAK_SEED", 0)?],
         Err(_) => (1..=env_number("SOAK_SEEDS", 3)?).collect(),
     };
-    let dog = Watchdog::new();
-    let failures = std::thread::scope(|s| {
-        s.spawn(|| dog.run());
-        let _stop_dog = SetOnDrop(&dog.done);
-        let mut failures = Vec::new();
-        for &seed in &seeds {
-            let cfg = SoakConfig {
-                seed,
-                ops,
-                kills,
-                faults,
-                strict_errors,
-            };
-            match soak_seed(cfg, &dog) {
-                Ok(summary) => eprintln!("soak {summary}"),
-                Err(e) => {
-                    eprintln!("soak FAILED {e:#}\n");
-                    failures.push(seed);
-                }
-            }
-        }
-        failures
+    let failures = run_seeds("soak", &seeds, |seed, dog| {
+        let cfg = SoakConfig {
+            seed,
+            ops,
+            kills,
+            faults,
+            strict_errors,
+        };
+        soak_seed(cfg, dog)
     });
     anyhow::ensure!(
         failures.is_empty(),
         "soak seeds {failures:?} failed (details above)"
     );
     Ok(())
+}
+
+/// Runs `one` for each seed under one watchdog, printing each summary or failure after
+/// `label`; returns the seeds that failed.
+fn run_seeds(
+    label: &str,
+    seeds: &[u64],
+    one: impl Fn(u64, &Watchdog) -> Result<String>,
+) -> Vec<u64> {
+    let dog = Watchdog::new();
+    std::thread::scope(|s| {
+        s.spawn(|| dog.run());
+        let _stop_dog = SetOnDrop(&dog.done);
+        let mut failures = Vec::new();
+        for &seed in seeds {
+            match one(seed, &dog) {
+                Ok(summary) => eprintln!("{label} {summary}"),
+                Err(e) => {
+                    eprintln!("{label} FAILED {e:#}\n");
+                    failures.push(seed);
+                }
+            }
+        }
+        failures
+    })
 }

@@ -459,38 +459,23 @@ impl<S: ObjectStore> WriteBack<S> {
             return Ok(());
         }
         let len = len.min(it.work.size());
-        let present = it.work.present().clone();
-        let (id, copy, named) = if len == 0 {
-            self.new_staging(0, RangeSet::new()).await?
-        } else {
-            let id = self.new_id();
-            let path = self.dir.staging_path(id);
-            let copy = staging::copy_prefix(it.work.path(), &path, len).await?;
-            (id, copy.with_present(present), false)
-        };
-        tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "the working copy leaves the file its unsaved changes are kept in");
-        it.work.close_fd();
-        it.work = copy;
-        it.work_id = id;
-        it.work_named = named;
-        Ok(())
+        self.copy_on_write(it, len).await
     }
 
-    /// The working copy is about to change in a way that would alter the pending version's
-    /// bytes: edit a copy of its first `len` bytes instead.
+    /// The working copy is about to change in a way that would alter bytes another record
+    /// names (the pending version's, or the changes kept as not saved): edit a copy of its
+    /// first `len` bytes instead, where what was present stays present and nothing else is.
     async fn copy_on_write(&self, it: &mut Item, len: u64) -> FsResult<()> {
         let (id, copy, named) = if len == 0 {
             self.new_staging(0, RangeSet::new()).await?
         } else {
             let id = self.new_id();
             let path = self.dir.staging_path(id);
-            (
-                id,
-                staging::copy_prefix(it.work.path(), &path, len).await?,
-                false,
-            )
+            let present = it.work.present().clone();
+            let copy = staging::copy_prefix(it.work.path(), &path, len).await?;
+            (id, copy.with_present(present), false)
         };
-        tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "copy-on-write of a version still uploading");
+        tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "copy-on-write of the working copy");
         it.work.close_fd();
         it.work = copy;
         it.work_id = id;

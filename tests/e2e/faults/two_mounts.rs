@@ -30,7 +30,7 @@ use bucketdrive_tests::Mount;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{env_number, soak_proxy_args, Rig, SetOnDrop, Watchdog, SOAK_MOUNT_ARGS, STEP_LIMIT};
+use super::{env_number, soak_proxy_args, Rig, Watchdog, SOAK_MOUNT_ARGS, STEP_LIMIT};
 
 const SHARED: [&str; 3] = ["s0", "s1", "s2"];
 const PRIVATE: usize = 3;
@@ -131,6 +131,32 @@ impl Soak2<'_> {
         Ok(r.is_ok())
     }
 
+    /// Step `n`: mount `m` writes `data` whole at `name`, and the version is recorded.
+    fn write_whole(
+        &mut self,
+        n: usize,
+        m: usize,
+        name: String,
+        data: Vec<u8>,
+    ) -> anyhow::Result<bool> {
+        let ok = self.write_file(m, &name, &data)?;
+        self.log.push(format!(
+            "#{n} m{m} writes {name}: {} -> {}",
+            short(&data),
+            if ok { "ok" } else { "failed" }
+        ));
+        self.versions.push(Version {
+            writer: m,
+            name,
+            target: None,
+            data,
+            acked: ok,
+            renamed: false,
+            step: n,
+        });
+        Ok(ok)
+    }
+
     fn step(&mut self, n: usize) -> anyhow::Result<()> {
         let roll = self.rng.gen_range(0..100);
         let m = self.rng.gen_range(0..self.machines.len());
@@ -166,21 +192,7 @@ impl Soak2<'_> {
                         step: n,
                     });
                 } else {
-                    let ok = self.write_file(m, &name, &data)?;
-                    self.log.push(format!(
-                        "#{n} m{m} writes {name}: {} -> {}",
-                        short(&data),
-                        if ok { "ok" } else { "failed" }
-                    ));
-                    self.versions.push(Version {
-                        writer: m,
-                        name,
-                        target: None,
-                        data,
-                        acked: ok,
-                        renamed: false,
-                        step: n,
-                    });
+                    self.write_whole(n, m, name, data)?;
                 }
             }
             // A name only this mount uses: written whole, or removed.
@@ -206,27 +218,13 @@ impl Soak2<'_> {
                     self.log.push(format!("#{n} m{m} rm {name} -> {r:?}"));
                 } else {
                     let data = content(&mut self.rng, m, seq);
-                    let ok = self.write_file(m, &name, &data)?;
-                    let states = self.private.entry(name.clone()).or_insert(vec![None]);
+                    let ok = self.write_whole(n, m, name.clone(), data.clone())?;
+                    let states = self.private.entry(name).or_insert(vec![None]);
                     if ok {
-                        *states = vec![Some(data.clone())];
+                        *states = vec![Some(data)];
                     } else {
-                        states.push(Some(data.clone()));
+                        states.push(Some(data));
                     }
-                    self.log.push(format!(
-                        "#{n} m{m} writes {name}: {} -> {}",
-                        short(&data),
-                        if ok { "ok" } else { "failed" }
-                    ));
-                    self.versions.push(Version {
-                        writer: m,
-                        name,
-                        target: None,
-                        data,
-                        acked: ok,
-                        renamed: false,
-                        step: n,
-                    });
                 }
             }
             // The direct writer creates a shared name if it is free.
@@ -481,22 +479,7 @@ fn soak_two_mounts_and_a_direct_writer() -> anyhow::Result<()> {
         Ok(_) => vec![env_number("SOAK2_SEED", 0)?],
         Err(_) => (1..=env_number("SOAK2_SEEDS", 2)?).collect(),
     };
-    let dog = Watchdog::new();
-    let failures = std::thread::scope(|s| {
-        s.spawn(|| dog.run());
-        let _stop_dog = SetOnDrop(&dog.done);
-        let mut failures = Vec::new();
-        for &seed in &seeds {
-            match soak2_seed(seed, ops, &dog) {
-                Ok(summary) => eprintln!("soak2 {summary}"),
-                Err(e) => {
-                    eprintln!("soak2 FAILED {e:#}\n");
-                    failures.push(seed);
-                }
-            }
-        }
-        failures
-    });
+    let failures = super::run_seeds("soak2", &seeds, |seed, dog| soak2_seed(seed, ops, dog));
     anyhow::ensure!(
         failures.is_empty(),
         "two-mount soak seeds {failures:?} failed (details above)"
