@@ -178,6 +178,32 @@ async fn renaming_a_staged_file_leaves_the_other_object_at_its_name() {
     assert_eq!(store.object_bytes("b").unwrap(), &b"ours"[..]);
 }
 
+/// A file whose upload already landed, still open, whose object another writer then replaced,
+/// renamed over a file this mount saw: the rename makes no copy (the object at the old name is
+/// theirs), so the file must be uploaded again at the new name, replacing the generation seen
+/// there. It was not: the mount took the seen generation for a copy of its own, the target
+/// kept the old bytes, and a later rename moved those as if they were the file's (the shared
+/// sim's 3-mount seed 72).
+#[tokio::test]
+async fn a_file_renamed_with_no_copy_over_a_seen_name_is_uploaded_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("t", &b"old target"[..]);
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    m1.lookup(ROOT_INO, "t").await.unwrap();
+    let (_, h) = m1.create(ROOT_INO, "a").await.unwrap();
+    m1.write(h.fh, 0, b"ours").await.unwrap();
+    m1.flush(h.fh).await.unwrap();
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(store.object_bytes("a").unwrap(), &b"ours"[..]);
+    store.insert("a", &b"theirs"[..]);
+    m1.rename(ROOT_INO, "a", ROOT_INO, "t").await.unwrap();
+    m1.release(h.fh).await;
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(store.object_bytes("a").unwrap(), &b"theirs"[..]);
+    assert_eq!(store.object_bytes("t").unwrap(), &b"ours"[..]);
+}
+
 /// A directory renamed onto a name where another writer put a file meanwhile (this mount had
 /// seen no such directory): the other file is not replaced; ours goes beside it.
 #[tokio::test]

@@ -312,8 +312,10 @@ impl<S: ObjectStore> WriteBack<S> {
             it.unsaved_file = Some(it.work_id);
         }
         shared.publish(&it);
-        if uploaded_before && (new_base.is_none() || !adopt) {
-            // Its content was in the bucket under the old name only: upload it again here.
+        if uploaded_before && (copied_from.is_none() || !adopt) {
+            // Its content was in the bucket under the old name only (no copy of it was made
+            // here; a generation seen at `to` is only what the upload may replace): upload it
+            // again here.
             it.edits += 1;
             let idle = it.handles == 0;
             drop(it);
