@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use fs_core::filesystem::{CreateFlags, OpenMode};
 use fs_core::store::{ObjectStore, Posix};
@@ -28,13 +28,11 @@ pub const MAX_READAHEAD: u32 = 1024 * 1024;
 pub struct FuseAdapter<S: ObjectStore> {
     fs: Arc<fs_core::Filesystem<S>>,
     rt: tokio::runtime::Handle,
-    ttl: Duration,
 }
 
 impl<S: ObjectStore> FuseAdapter<S> {
     pub fn new(fs: Arc<fs_core::Filesystem<S>>, rt: tokio::runtime::Handle) -> Self {
-        let ttl = fs.config().stat_ttl;
-        FuseAdapter { fs, rt, ttl }
+        FuseAdapter { fs, rt }
     }
 }
 
@@ -108,10 +106,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.lookup(parent.0, &name).await {
-                Ok(a) => reply.entry(&ttl, &file_attr(&a), GENERATION),
+                Ok(a) => reply.entry(&a.ttl, &file_attr(&a), GENERATION),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -122,10 +120,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.getattr(ino.0).await {
-                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Ok(a) => reply.attr(&a.ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -159,7 +157,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             TimeOrNow::SpecificTime(t) => t,
             TimeOrNow::Now => SystemTime::now(),
         });
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         let fh = fh.map(|f| f.0);
         self.rt.spawn(async move {
             let result = async {
@@ -170,7 +168,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             }
             .await;
             match result {
-                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Ok(a) => reply.attr(&a.ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -189,10 +187,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.mkdir(parent.0, &name).await {
-                Ok(a) => reply.entry(&ttl, &file_attr(&a), GENERATION),
+                Ok(a) => reply.entry(&a.ttl, &file_attr(&a), GENERATION),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -268,10 +266,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             (Ok(n), Ok(t)) => (n, t),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.symlink(parent.0, &name, &target).await {
-                Ok(a) => reply.entry(&ttl, &file_attr(&a), GENERATION),
+                Ok(a) => reply.entry(&a.ttl, &file_attr(&a), GENERATION),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -478,7 +476,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.readdir(fh.0, offset).await {
                 Ok(entries) => {
@@ -488,7 +486,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
                             INodeNo(e.attr.ino),
                             e.offset,
                             &e.name,
-                            &ttl,
+                            &e.attr.ttl,
                             &attr,
                             GENERATION,
                         ) {
@@ -549,11 +547,11 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         let flags = CreateFlags {
             exclusive: flags & libc::O_EXCL != 0,
         };
-        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.create_with(parent.0, &name, flags).await {
                 Ok((a, o)) => reply.created(
-                    &ttl,
+                    &a.ttl,
                     &file_attr(&a),
                     GENERATION,
                     FileHandle(o.fh),

@@ -26,7 +26,9 @@
 //!   back (`offline_folder_lists_old_and_new_files`).
 //! - **Other tools' changes show.** A same-size replacement is read new, with its new mtime,
 //!   after the stat TTL, with and without the read cache
-//!   (`same_size_replacement_is_read_new_after_the_ttl*`).
+//!   (`same_size_replacement_is_read_new_after_the_ttl*`), and within the stat TTL when the
+//!   kernel asks again late in it: it is given what is left of the TTL, not a fresh one
+//!   (`a_change_shows_within_the_stat_ttl_when_the_kernel_asks_late`).
 //! - **Readers see writers.** A descriptor opened before an append reads the appended bytes,
 //!   for a small and a big (256 MiB) file, with and without an upload landing between the open
 //!   and the read (`reader_opened_before_an_append_*`).
@@ -878,6 +880,59 @@ fn same_size_replacement_is_read_new_after_the_ttl_with_the_read_cache() -> Resu
     let rc = tempfile::Builder::new().prefix("bd-rcache").tempdir()?;
     let dir = rc.path().to_string_lossy().into_owned();
     same_size_replacement("samesizerc", &["--read-cache-dir", &dir])
+}
+
+/// The kernel is told what is left of the mount's stat TTL, so another tool's change shows
+/// within `--stat-ttl` even when the kernel asks late. The kernel forgets the name (its
+/// dentries are dropped, as memory pressure does) halfway through the TTL and asks again: the
+/// mount answers from its cache, and a fresh TTL there would let the kernel show the old
+/// object for up to twice `--stat-ttl`.
+#[test]
+fn a_change_shows_within_the_stat_ttl_when_the_kernel_asks_late() -> Result<()> {
+    const TTL: Duration = Duration::from_secs(4);
+    let bucket = "latettl";
+    let emu = setup(bucket)?;
+    let m = Mount::new(&emu, bucket, &["--stat-ttl", "4s"])?;
+    let _dog = Watchdog::arm(&[&m], LIMIT);
+    // A slow moment can make one try unable to tell (the old TTL would have ended anyway):
+    // up to three tries, each on a name of its own.
+    for attempt in 1..=3 {
+        let name = format!("f{attempt}");
+        let path = m.path().join(&name);
+        emu.put(bucket, &name, b"old")?;
+        let t0 = Instant::now();
+        anyhow::ensure!(
+            std::fs::metadata(&path)?.len() == 3,
+            "the first version shows"
+        );
+        emu.put(bucket, &name, b"replaced")?;
+        std::thread::sleep(TTL / 2);
+        std::fs::write("/proc/sys/vm/drop_caches", "2")?;
+        let dropped = Instant::now();
+        let cached = std::fs::metadata(&path)?.len();
+        std::thread::sleep(
+            (t0 + TTL + Duration::from_millis(600)).saturating_duration_since(Instant::now()),
+        );
+        let checked = Instant::now();
+        let len = std::fs::metadata(&path)?.len();
+        eprintln!(
+            "try {attempt}: asked again at {:?}, showed {cached} bytes; at {:?}: {len} bytes",
+            dropped - t0,
+            checked - t0
+        );
+        if cached != 3 || checked >= dropped + TTL {
+            // The mount's own cache had expired, or a fresh TTL would have ended by now too.
+            continue;
+        }
+        anyhow::ensure!(
+            len == 8,
+            "{:?} after the mount first saw it, the replaced object still shows ({len} bytes): \
+             the kernel was given a fresh TTL for a cached answer",
+            checked - t0
+        );
+        return m.unmount();
+    }
+    anyhow::bail!("three tries could not tell (the machine was too slow); rerun")
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
 use parking_lot::Mutex;
@@ -48,7 +48,10 @@ impl Entry {
 
 /// The metadata caches of one mount.
 pub struct MetaCache {
-    stat: Cache<String, Entry>,
+    /// Each entry with when it was learnt: the kernel is told how much of the TTL is left, so
+    /// an answer cached here never lives past `--stat-ttl` in the kernel either.
+    stat: Cache<String, (Entry, Instant)>,
+    stat_ttl: Duration,
     negative: Cache<String, ()>,
     /// Directory path -> every name in it.
     listed: Cache<String, Arc<Mutex<HashSet<String>>>>,
@@ -82,6 +85,7 @@ impl MetaCache {
         last_known_bytes: u64,
     ) -> Self {
         MetaCache {
+            stat_ttl,
             known: LastKnown::new(last_known_bytes),
             stat: Cache::builder()
                 .max_capacity(capacity)
@@ -169,15 +173,21 @@ impl MetaCache {
 
     /// `Some(Some(e))`: known to exist; `Some(None)`: known not to exist; `None`: ask the bucket.
     pub fn get(&self, path: &str) -> Option<Option<Entry>> {
-        if let Some(e) = self.stat.get(path) {
-            return Some(Some(e));
+        self.get_timed(path).map(|(e, _)| e)
+    }
+
+    /// Like [`Self::get`], with how much longer the answer holds: what is left of the stat
+    /// TTL for an entry (the full TTL for an answer made now).
+    pub fn get_timed(&self, path: &str) -> Option<(Option<Entry>, Duration)> {
+        if let Some((e, at)) = self.stat.get(path) {
+            return Some((Some(e), self.stat_ttl.saturating_sub(at.elapsed())));
         }
         if self.negative.contains_key(path) {
-            return Some(None);
+            return Some((None, Duration::ZERO));
         }
         if let Some((names, name)) = self.listed_parent(path) {
             if !names.lock().contains(name) {
-                return Some(None);
+                return Some((None, Duration::ZERO));
             }
         }
         None
@@ -190,14 +200,15 @@ impl MetaCache {
             names.lock().insert(name.to_string());
         }
         self.known.set(path, entry.clone());
-        self.stat.insert(path.to_string(), entry);
+        self.stat.insert(path.to_string(), (entry, Instant::now()));
     }
 
     /// Like [`Self::insert`], for what a listing saw: a listing page can be older than an
     /// answer already cached (our own upload landing while the page was in flight), so it never
     /// replaces a newer generation of the same file.
     pub fn insert_listed(&self, path: &str, entry: Entry) {
-        if let (Some(Entry::File(cached)), Entry::File(listed)) = (self.stat.get(path), &entry) {
+        if let (Some((Entry::File(cached), _)), Entry::File(listed)) = (self.stat.get(path), &entry)
+        {
             if listed.generation < cached.generation {
                 return;
             }

@@ -52,6 +52,11 @@ pub struct Attr {
     pub gid: u32,
     /// Object generation for files; 0 for directories.
     pub generation: i64,
+    /// How long the kernel may keep this answer: what is left of the stat TTL of what it
+    /// was made from, so a change in the bucket shows within `--stat-ttl` however the answer
+    /// was asked for (a fresh TTL on a cached answer would let the kernel keep it for up to
+    /// twice that).
+    pub ttl: Duration,
 }
 
 /// One directory entry, with attributes for `readdirplus`.
@@ -152,6 +157,7 @@ impl<S: ObjectStore> Namespace<S> {
                 uid: self.cfg.uid,
                 gid: self.cfg.gid,
                 generation: 0,
+                ttl: self.cfg.stat_ttl,
             },
             Entry::File(m) if entry.kind() == Kind::Symlink => Attr {
                 ino,
@@ -162,6 +168,7 @@ impl<S: ObjectStore> Namespace<S> {
                 uid: self.cfg.uid,
                 gid: self.cfg.gid,
                 generation: m.generation,
+                ttl: self.cfg.stat_ttl,
             },
             Entry::File(m) => {
                 let posix = if self.cfg.posix_metadata {
@@ -178,6 +185,7 @@ impl<S: ObjectStore> Namespace<S> {
                     uid: posix.uid.unwrap_or(self.cfg.uid),
                     gid: posix.gid.unwrap_or(self.cfg.gid),
                     generation: m.generation,
+                    ttl: self.cfg.stat_ttl,
                 }
             }
         }
@@ -215,8 +223,16 @@ impl<S: ObjectStore> Namespace<S> {
     /// What is at `path`, from the caches or the bucket; when the bucket cannot be reached,
     /// from the last known state of its directory, if the mount has one.
     pub async fn resolve(&self, path: &str) -> FsResult<Entry> {
-        if let Some(answer) = self.cache.get(path) {
-            return answer.ok_or(FsError::NotFound);
+        self.resolve_timed(path).await.map(|(e, _)| e)
+    }
+
+    /// Like [`Self::resolve`], with how long the answer holds (see [`Attr::ttl`]). An answer
+    /// from the bucket holds the full stat TTL; so does one from the last known state, which
+    /// the kernel need not ask about again while the bucket cannot be reached.
+    pub async fn resolve_timed(&self, path: &str) -> FsResult<(Entry, Duration)> {
+        let full = self.cfg.stat_ttl;
+        if let Some((answer, left)) = self.cache.get_timed(path) {
+            return answer.map(|e| (e, left)).ok_or(FsError::NotFound);
         }
         // With a fallback, a bucket that fails twice in a row is not waited for any longer.
         let known = self.cache.last_known().get(path);
@@ -228,11 +244,11 @@ impl<S: ObjectStore> Namespace<S> {
         match (asked, known) {
             (Ok(found), _) => {
                 self.link.reached();
-                found.ok_or(FsError::NotFound)
+                found.map(|e| (e, full)).ok_or(FsError::NotFound)
             }
             (Err(e), Some(known)) if e.is_retryable() => {
                 self.link.fell_back(path, &e);
-                known.ok_or(FsError::NotFound)
+                known.map(|e| (e, full)).ok_or(FsError::NotFound)
             }
             (Err(e), _) => Err(e.into()),
         }
@@ -344,8 +360,11 @@ impl<S: ObjectStore> Namespace<S> {
             return Err(FsError::NotFound);
         }
         let path = names::join(&dir, name);
-        let entry = self.resolve(&path).await?;
-        Ok(self.register(&path, &entry, 1))
+        let (entry, ttl) = self.resolve_timed(&path).await?;
+        Ok(Attr {
+            ttl,
+            ..self.register(&path, &entry, 1)
+        })
     }
 
     /// Current attributes of `ino`, refreshed from the bucket once the stat TTL has passed.
@@ -354,15 +373,18 @@ impl<S: ObjectStore> Namespace<S> {
         if kind == Kind::Dir {
             return Ok(self.attr_for(ino, &Entry::Dir));
         }
-        match self.resolve(&path).await? {
-            Entry::File(m) => {
+        match self.resolve_timed(&path).await? {
+            (Entry::File(m), ttl) => {
                 if let Some(i) = self.inodes.lock().get_mut(ino) {
                     i.observe(&m, false);
                 }
-                Ok(self.attr_for(ino, &Entry::File(m)))
+                Ok(Attr {
+                    ttl,
+                    ..self.attr_for(ino, &Entry::File(m))
+                })
             }
             // The file became a directory: this inode no longer names anything.
-            Entry::Dir => Err(FsError::NotFound),
+            (Entry::Dir, _) => Err(FsError::NotFound),
         }
     }
 
@@ -758,11 +780,6 @@ impl DirStream {
         });
         self.next_offset += 1;
     }
-}
-
-/// TTL the kernel may cache attributes and entries for: the stat TTL.
-pub fn kernel_ttl(cfg: &MountConfig) -> Duration {
-    cfg.stat_ttl
 }
 
 #[cfg(test)]

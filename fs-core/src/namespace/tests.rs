@@ -280,3 +280,60 @@ async fn kernel_keeps_a_listing_only_while_it_is_unchanged() {
         "a miss the listing agrees with changes nothing"
     );
 }
+
+/// The kernel is told what is left of the stat TTL, never a fresh one for an answer the
+/// mount had cached: otherwise a name looked up late in its cache life (a dentry the kernel
+/// dropped, another path to the same name) would be trusted by the kernel for up to twice
+/// `--stat-ttl`, and another writer's change would show that much later.
+#[tokio::test]
+async fn the_kernel_is_given_the_remaining_stat_ttl() {
+    let store = Arc::new(MemoryStore::new());
+    store.insert("d/f", "hello");
+    let mut cfg = MountConfig::new("bkt");
+    cfg.stat_ttl = Duration::from_secs(4);
+    let fs = Filesystem::new(store.clone(), cfg);
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    let f = fs.lookup(d.ino, "f").await.unwrap();
+    assert_eq!(
+        f.ttl,
+        Duration::from_secs(4),
+        "an answer from the bucket holds the whole TTL"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Another writer replaced it; the mount's cache still answers for the old one.
+    store.insert("d/f", "HELLO");
+    let again = fs.lookup(d.ino, "f").await.unwrap();
+    assert!(
+        again.ttl <= Duration::from_millis(2500),
+        "a cached answer holds only what is left of its TTL, not {:?}",
+        again.ttl
+    );
+    let attr = fs.getattr(f.ino).await.unwrap();
+    assert!(
+        attr.ttl <= Duration::from_millis(2500),
+        "getattr: {:?}",
+        attr.ttl
+    );
+    // A listing answers from the bucket: its entries hold the whole TTL again.
+    let fh = fs.opendir(d.ino).await.unwrap().fh;
+    let mut listed = Vec::new();
+    loop {
+        let batch = fs
+            .readdir(
+                fh,
+                listed
+                    .last()
+                    .map_or(0, |e: &crate::namespace::DirEntry| e.offset),
+            )
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        listed.extend(batch);
+    }
+    fs.releasedir(fh);
+    let entry = listed.iter().find(|e| e.name == "f").expect("f is listed");
+    assert_eq!(entry.attr.ttl, Duration::from_secs(4));
+    assert_eq!(entry.attr.size, 5);
+}

@@ -313,6 +313,7 @@ mod tests {
             uid: 0,
             gid: 0,
             generation: 1,
+            ttl: std::time::Duration::ZERO,
         }
     }
 
