@@ -1061,3 +1061,66 @@ fn reader_opened_before_an_append_reads_a_big_file_after_the_upload_lands() -> R
     let _heavy = heavy();
     reader_sees_append("appreadbigup", 256 * MIB, true, true)
 }
+
+/// Another tool wrote keys Linux cannot show as names (`d//x`: an empty component; `d/../y`):
+/// the directory lists as empty, `rmdir` rightly fails with `ENOTEMPTY` (removing its marker
+/// would not remove it, and the objects are someone's), and the log says why and names the
+/// keys. A directory that also holds a name it can show just fails, with no such warning.
+#[test]
+fn a_directory_of_names_linux_cannot_show_says_why_it_is_not_empty() -> Result<()> {
+    let bucket = "hiddennames";
+    let emu = setup(bucket)?;
+    emu.put(bucket, "d/", b"")?;
+    emu.put(bucket, "d//x", b"hidden one")?;
+    emu.put(bucket, "d/../y", b"hidden two")?;
+    emu.put(bucket, "e//x", b"hidden three")?;
+    emu.put(bucket, "e/shown", b"shown")?;
+    let m = Mount::new(&emu, bucket, &[])?;
+    let _dog = Watchdog::arm(&[&m], LIMIT);
+    let d = m.path().join("d");
+    let names: Vec<_> = std::fs::read_dir(&d)?.collect::<std::io::Result<_>>()?;
+    anyhow::ensure!(names.is_empty(), "d lists as empty: {names:?}");
+    let err = std::fs::remove_dir(&d).expect_err("rmdir of d must fail");
+    anyhow::ensure!(
+        err.raw_os_error() == Some(libc::ENOTEMPTY),
+        "rmdir d: {err} (want ENOTEMPTY)"
+    );
+    // The log is written in the background: give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let hint = loop {
+        let log = m.log_text();
+        if let Some(l) = log
+            .lines()
+            .find(|l| l.contains("cannot show") && l.contains("d//x"))
+        {
+            break l.to_string();
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no hint naming d//x in the log:\n{}",
+            m.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    anyhow::ensure!(
+        hint.contains("d/../y"),
+        "the hint names every hidden key: {hint}"
+    );
+    let err = std::fs::remove_dir(m.path().join("e")).expect_err("rmdir of e must fail");
+    anyhow::ensure!(
+        err.raw_os_error() == Some(libc::ENOTEMPTY),
+        "rmdir e: {err}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    anyhow::ensure!(
+        !m.log_text()
+            .lines()
+            .any(|l| l.contains("cannot show") && l.contains("dir=e")),
+        "a directory with a name it can show gets no hint"
+    );
+    let objects = emu.objects(bucket)?;
+    for key in ["d/", "d//x", "d/../y", "e//x", "e/shown"] {
+        anyhow::ensure!(objects.contains_key(key), "{key} is still in the bucket");
+    }
+    m.unmount()
+}

@@ -24,12 +24,20 @@ use bytes::Bytes;
 
 use super::Filesystem;
 use crate::error::{FsError, FsResult};
-use crate::namespace::{Attr, Entry, Ino, Kind};
+use crate::namespace::{names, Attr, Entry, Ino, Kind};
 use crate::store::{
     mtime_metadata, ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind,
     WriteOptions, SYMLINK_KEY, WRITER_KEY,
 };
 use crate::write::upload::conflict_key;
+
+/// Whether `key`, a child of a delimited listing of `prefix` (an object, or a prefix ending in
+/// `/`), is a name this system can show in that directory.
+fn showable(prefix: &str, key: &str) -> bool {
+    let rest = key.strip_prefix(prefix).unwrap_or(key);
+    let name = rest.strip_suffix('/').unwrap_or(rest);
+    names::check_component(name).is_ok()
+}
 
 impl<S: ObjectStore> Filesystem<S> {
     /// `Exists` if anything (in the bucket or being written) has the name `path`.
@@ -121,7 +129,39 @@ impl<S: ObjectStore> Filesystem<S> {
             page_token: None,
         };
         let page = self.ns.store().list(&req).await?;
-        Ok(!page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != prefix))
+        let children: Vec<&str> = page
+            .prefixes
+            .iter()
+            .map(String::as_str)
+            .chain(page.objects.iter().map(|o| o.key.as_str()))
+            .filter(|k| *k != prefix)
+            .collect();
+        if !children.is_empty() && children.iter().all(|k| !showable(&prefix, k)) {
+            // The directory lists as empty, yet it is not: say why, naming some of the
+            // objects (not the prefixes the delimiter folds them into), or `rmdir` would fail
+            // with ENOTEMPTY forever and nothing to go on.
+            let req = ListRequest {
+                prefix: prefix.clone(),
+                delimiter: None,
+                max_results: Some(10),
+                page_token: None,
+            };
+            let keys: Vec<String> = match self.ns.store().list(&req).await {
+                Ok(all) => all
+                    .objects
+                    .into_iter()
+                    .map(|o| o.key)
+                    .filter(|k| *k != prefix)
+                    .collect(),
+                Err(_) => children.iter().map(|k| k.to_string()).collect(),
+            };
+            tracing::warn!(
+                dir = %path,
+                ?keys,
+                "the directory is not empty: it holds objects whose names this system cannot show (an empty, '.' or '..' component, or one too long); remove or rename them with another tool (gsutil, gcloud storage)"
+            );
+        }
+        Ok(!children.is_empty())
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &str) -> FsResult<()> {
