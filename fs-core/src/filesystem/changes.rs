@@ -234,14 +234,26 @@ impl<S: ObjectStore> Filesystem<S> {
                 Err(e) => return Err(e),
             }
         };
+        let mut deleted = None;
         if let Some(m) = target {
             // False: replaced by another writer meanwhile; theirs stays.
-            if let Err(e) = self.delete_checked(&m).await {
-                self.ns.forget_outcome(path);
-                return Err(e);
+            match self.delete_checked(&m).await {
+                Ok(true) => deleted = Some(m.generation),
+                Ok(false) => {}
+                Err(e) => {
+                    self.ns.forget_outcome(path);
+                    return Err(e);
+                }
             }
         }
-        w.unlink(key).await?;
+        if let Err(e) = w.unlink(key).await {
+            // The file stays, staged, though its object is gone.
+            if let Some(g) = deleted {
+                w.base_gone(key, g).await;
+                self.ns.forget_outcome(path);
+            }
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -382,12 +394,23 @@ impl<S: ObjectStore> Filesystem<S> {
                     Err(e) => return Err(e),
                 };
                 // False: another writer replaced the source meanwhile, and theirs stays.
-                self.delete_checked(m).await?;
+                let deleted = self.delete_checked(m).await?;
                 // Whatever item holds the source now moves (one may have been made during the
                 // pause); without one, an item of the replaced target goes.
                 if w.item(&src_key).is_some() {
-                    w.rename(&src_key, &dst_key, Some(copied.generation), Some(m))
-                        .await?;
+                    let moved = w
+                        .rename(&src_key, &dst_key, Some(copied.generation), Some(m))
+                        .await;
+                    if let Err(e) = moved {
+                        // The copy stands at the target, the file stays staged at the source
+                        // (nothing lost): its object there is gone.
+                        if deleted {
+                            w.base_gone(&src_key, m.generation).await;
+                        }
+                        self.ns.forget_outcome(from);
+                        self.ns.forget_outcome(to);
+                        return Err(e);
+                    }
                 } else {
                     w.unlink(&dst_key).await?;
                 }

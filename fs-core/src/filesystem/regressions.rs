@@ -359,3 +359,114 @@ fn a_damaged_journal_line_keeps_its_staged_data() {
         .collect();
     assert_eq!(aside.len(), 1, "the damaged record's data is kept aside");
 }
+
+/// A failed journal write (a full cache disk, where users delete files to make room) after
+/// an `rm` or `mv` of a file not yet uploaded must not leave the mount and the journal
+/// disagreeing: the name the mount shows now is the name the next mount shows. The change
+/// fails whole (the file stays where it was, here and after a restart). Both ways a journal
+/// write fails: the line is not taken (a full disk), or it is and its sync fails.
+#[test]
+fn a_failed_journal_write_never_brings_a_removed_name_back() {
+    for fault in ["append", "sync"] {
+        for op in ["rm", "mv", "mv-over"] {
+            failed_journal_write(op, fault);
+        }
+    }
+}
+
+fn failed_journal_write(op: &str, fault: &str) {
+    let case = format!("{op} ({fault} fails)");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    let data = bytes(5_000, 11);
+    let other = bytes(3_000, 13);
+    let shown_here: (bool, bool);
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        shown_here = rt.block_on(async {
+            let fs = mount(&store, &cache, Duration::from_secs(3600));
+            let (_, h) = fs.create(ROOT_INO, "f").await.unwrap();
+            fs.write(h.fh, 0, &data).await.unwrap();
+            fs.flush(h.fh).await.unwrap();
+            fs.release(h.fh).await;
+            if op == "mv-over" {
+                let (_, h) = fs.create(ROOT_INO, "g").await.unwrap();
+                fs.write(h.fh, 0, &other).await.unwrap();
+                fs.flush(h.fh).await.unwrap();
+                fs.release(h.fh).await;
+            }
+            let w = fs.write.as_ref().unwrap().clone();
+            match fault {
+                "append" => w.fail_journal_appends(10),
+                _ => w.fail_journal_syncs(1),
+            }
+            let result = match op {
+                "rm" => fs.unlink(ROOT_INO, "f").await,
+                _ => fs.rename(ROOT_INO, "f", ROOT_INO, "g").await,
+            };
+            w.fail_journal_appends(0);
+            w.fail_journal_syncs(0);
+            assert!(result.is_err(), "{case}: the journal could not record it");
+            let f = fs.lookup(ROOT_INO, "f").await.is_ok();
+            let g = match fs.lookup(ROOT_INO, "g").await {
+                Ok(a) => Some(read_all(&fs, a.ino).await),
+                Err(_) => None,
+            };
+            if op == "mv-over" {
+                assert_eq!(g.as_deref(), Some(&other[..]), "{case}: g is still the old g");
+            }
+            // Killed here: what the journal holds is what the next mount has.
+            drop(fs);
+            (f, g.is_some())
+        });
+        rt.shutdown_timeout(Duration::from_secs(5));
+    }
+    assert!(shown_here.0, "{case}: a failed change leaves f where it was");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(&store, &cache, Duration::ZERO);
+        fs.start().await.unwrap();
+        assert_eq!(fs.drain(false).await, 0, "{case}");
+    });
+    let f = store.object_bytes("f").map(|b| b.to_vec());
+    let g = store.object_bytes("g").map(|b| b.to_vec());
+    assert_eq!(f.as_deref(), Some(&data[..]), "{case}: f is uploaded under its name");
+    match op {
+        "mv-over" => assert_eq!(g.as_deref(), Some(&other[..]), "{case}: g keeps its bytes"),
+        _ => assert_eq!(g, None, "{case}: nothing lands under g"),
+    }
+    assert_eq!(shown_here.1, op == "mv-over", "{case}");
+}
+
+/// The same for a file already in the bucket and changed since: its object is deleted, then
+/// the journal cannot record the removal. The `rm` fails, the changed file stays, and its
+/// upload lands under its own name, not as a conflict with its own delete.
+#[tokio::test]
+async fn a_failed_journal_write_after_a_delete_keeps_the_changed_file_under_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, &dir.path().join("c"), Duration::from_secs(3600));
+    let first = bytes(4_000, 3);
+    let changed = bytes(6_000, 5);
+    let (attr, h) = fs.create(ROOT_INO, "f").await.unwrap();
+    fs.write(h.fh, 0, &first).await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("f").unwrap(), first);
+    let h = fs.open(attr.ino, WT).await.unwrap();
+    fs.write(h.fh, 0, &changed).await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    let w = fs.write.as_ref().unwrap().clone();
+    w.fail_journal_appends(10);
+    let result = fs.unlink(ROOT_INO, "f").await;
+    w.fail_journal_appends(0);
+    assert!(result.is_err(), "the journal could not record the removal");
+    let a = fs.lookup(ROOT_INO, "f").await.expect("f stays");
+    assert_eq!(read_all(&fs, a.ino).await, changed);
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("f").unwrap(), changed, "uploaded under its name");
+    assert!(temp_parts(&store).is_empty(), "no conflict copy: {:?}", temp_parts(&store));
+}

@@ -214,6 +214,13 @@ impl Item {
         rec
     }
 
+    /// The ids of this file's journal records: its pending version's, and the one keeping
+    /// changes not saved.
+    pub fn record_ids(&self) -> Vec<u64> {
+        let pending = self.pending.as_ref().map(|p| p.id);
+        self.unsaved_record.into_iter().chain(pending).collect()
+    }
+
     /// The journal record of version `v` of this file.
     pub fn record(&self, v: &Version) -> Record {
         // A time before 1970 is kept as 1970, as the upload stores it.

@@ -189,6 +189,12 @@ pub struct Journal {
     log: Mutex<Log>,
     /// Serializes syncs; the sequence number each one covered.
     sync: tokio::sync::Mutex<u64>,
+    /// Appends still to fail as on a full disk (tests only: [`Self::fail_appends`]).
+    #[cfg(test)]
+    failing: std::sync::atomic::AtomicU32,
+    /// Syncs still to fail (tests only: [`Self::fail_syncs`]).
+    #[cfg(test)]
+    failing_syncs: std::sync::atomic::AtomicU32,
     /// Damaged logs or records set aside at open.
     corrupt: Vec<PathBuf>,
 }
@@ -236,6 +242,10 @@ impl Journal {
             }),
             sync: tokio::sync::Mutex::new(0),
             corrupt,
+            #[cfg(test)]
+            failing: std::sync::atomic::AtomicU32::new(0),
+            #[cfg(test)]
+            failing_syncs: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -305,6 +315,13 @@ impl Journal {
     /// The change reaches the in-memory records only once its line is whole in the log, so a
     /// failed append leaves both as they were, and the caller's error is the whole truth.
     fn append(&self, change: Change) -> io::Result<u64> {
+        #[cfg(test)]
+        if take_one(&self.failing) {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "disk full (injected)",
+            ));
+        }
         let mut log = self.log.lock();
         if log.poisoned {
             self.compact(&mut log)?;
@@ -341,6 +358,10 @@ impl Journal {
         let mut synced = self.sync.lock().await;
         if *synced >= seq {
             return Ok(());
+        }
+        #[cfg(test)]
+        if take_one(&self.failing_syncs) {
+            return Err(io::Error::other("sync failed (injected)"));
         }
         let point = self.sync_point();
         let point = platform::blocking(move || point.sync().map(|()| point)).await?;
@@ -391,6 +412,46 @@ impl Journal {
         Ok(())
     }
 
+    /// The live records among `ids`, to put back with [`Self::undo`] if a change to them
+    /// fails.
+    pub fn records(&self, ids: &[u64]) -> Vec<Record> {
+        let log = self.log.lock();
+        ids.iter()
+            .filter_map(|id| log.live.get(id).cloned())
+            .collect()
+    }
+
+    /// After a change to `ids` failed: makes the records what they were, `before` (from
+    /// [`Self::records`]). An append that failed changed nothing, but one whose sync failed
+    /// is in the records already, and the next sync would make durable a change that did not
+    /// happen. On a disk that takes no line at all there is nothing to undo.
+    pub async fn undo(&self, before: Vec<Record>, ids: &[u64]) -> io::Result<()> {
+        let was: Vec<u64> = before.iter().map(|r| r.id).collect();
+        let mut changes: Vec<Change> = ids
+            .iter()
+            .filter(|id| !was.contains(id))
+            .map(|&id| Change::Del(id))
+            .collect();
+        changes.extend(before.into_iter().map(Change::Put));
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.apply(Change::Batch(changes)).await
+    }
+
+    /// Makes the next `n` appends fail as on a full disk, leaving the log as it was.
+    #[cfg(test)]
+    pub fn fail_appends(&self, n: u32) {
+        self.failing.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` syncs fail (after their lines were appended).
+    #[cfg(test)]
+    pub fn fail_syncs(&self, n: u32) {
+        self.failing_syncs
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Every live record, in id order, and the damaged logs or records set aside at open.
     pub fn load_all(&self) -> io::Result<(Vec<Record>, Vec<PathBuf>)> {
         let mut records: Vec<Record> = self.log.lock().live.values().cloned().collect();
@@ -402,6 +463,13 @@ impl Journal {
     pub fn next_id(&self) -> io::Result<u64> {
         Ok(self.log.lock().live.keys().max().map_or(1, |id| id + 1))
     }
+}
+
+/// Takes one of the injected failures left in `n` (tests only).
+#[cfg(test)]
+fn take_one(n: &std::sync::atomic::AtomicU32) -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    n.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 /// The log as one sync finds it: the file, the directory when a compaction's rename is not yet

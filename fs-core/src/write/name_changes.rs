@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use super::item::{ItemRef, Life, Shared};
-use super::journal::{Change, UploadState};
+use super::journal::{Change, Record, UploadState};
 use super::writeback::WriteBack;
 use crate::error::FsResult;
 use crate::store::{ObjectMeta, ObjectStore};
@@ -186,21 +186,38 @@ impl<S: ObjectStore> WriteBack<S> {
     /// The file was deleted (its object, if any, is already gone from the bucket): forget its
     /// pending version and staged data. The caller paused it first. Returns whether there was
     /// a live item.
+    ///
+    /// The journal goes first: if the removal of its records cannot be made durable (a full
+    /// cache disk), nothing changes in memory either and the error is the caller's, so the
+    /// file stays here as it stays for the next mount, which would otherwise replay it under
+    /// a name removed here.
     pub async fn unlink(&self, key: &str) -> FsResult<bool> {
-        let Some(shared) = self.by_key.lock().remove(key) else {
+        let Some(shared) = self.live(key) else {
             return Ok(false);
         };
         let mut it = shared.item.lock().await;
+        let ids = it.record_ids();
+        if !ids.is_empty() {
+            let before = self.journal.records(&ids);
+            let gone = ids.iter().map(|&id| Change::Del(id)).collect();
+            if let Err(e) = self.journal.apply(Change::Batch(gone)).await {
+                self.undo_journal(&it.key, before, &ids).await;
+                return Err(e.into());
+            }
+        }
+        {
+            let mut map = self.by_key.lock();
+            if map.get(key).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
+                map.remove(key);
+            }
+        }
         it.life = Life::Unlinked;
         shared.publish(&it);
         // Wakes an fsync waiting for this file's upload: there will be none.
         shared.progress.send_modify(|p| p.attempts += 1);
-        if let Some(u) = it.unsaved_record.take() {
-            self.journal.remove(u).await?;
-        }
+        it.unsaved_record = None;
         self.drop_unsaved_file(&mut it);
         if let Some(p) = it.pending.take() {
-            self.journal.remove(p.id).await?;
             if p.id != it.work_id {
                 self.recycle(p.id);
             }
@@ -210,6 +227,35 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         self.retire_if_settled(&shared, &mut it);
         Ok(true)
+    }
+
+    /// The object `generation` at `key`, the base of the file being written there, was deleted
+    /// here by a change that then failed (the journal could not record it): the file no longer
+    /// rests on it, so its next upload expects no object there instead of meeting its own
+    /// delete as a conflict. A working copy still lacking bytes of it keeps it (they are gone,
+    /// and it stays unsaved).
+    pub async fn base_gone(&self, key: &str, generation: i64) {
+        let Some(shared) = self.live(key) else {
+            return;
+        };
+        let mut it = shared.item.lock().await;
+        if it.work.is_complete()
+            && it
+                .base
+                .as_ref()
+                .is_some_and(|(k, g)| k == key && *g == generation)
+        {
+            it.base = None;
+        }
+    }
+
+    /// After a journal change to the records `ids` (of the file at `key`) failed: puts them
+    /// back as they were, `before`. If even that fails the journal may lack a record memory
+    /// still has, which only a crash before the next change to the file would lose: say so.
+    async fn undo_journal(&self, key: &str, before: Vec<Record>, ids: &[u64]) {
+        if let Err(e) = self.journal.undo(before, ids).await {
+            tracing::error!(key = %key, error = %e, "the journal could not be put back after a failed change; if the mount stops before the file is written again, its staged changes may not be replayed");
+        }
     }
 
     /// The file was renamed (the bucket's object, if any, already copied): its pending upload
@@ -245,36 +291,25 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             moved
         };
-        let mut changes = Vec::new();
-        if let Some(old) = &replaced {
-            // Renaming over a file being written replaces it.
-            let mut o = old.item.lock().await;
-            o.life = Life::Unlinked;
-            old.progress.send_modify(|p| p.attempts += 1);
-            if let Some(u) = o.unsaved_record.take() {
-                changes.push(Change::Del(u));
+        // The records of a file being written at `to` go with this change, in the same line.
+        // It is unlinked first, so no close commits a version of it meanwhile (one would
+        // write a record under `to` after this line removed its records); a failure below
+        // makes it live again.
+        let replaced_ids: Vec<u64> = match &replaced {
+            Some(old) => {
+                let mut o = old.item.lock().await;
+                o.life = Life::Unlinked;
+                o.record_ids()
             }
-            // Through the pool: kept until the batch below is durable.
-            self.drop_unsaved_file(&mut o);
-            if let Some(p) = o.pending.take() {
-                changes.push(Change::Del(p.id));
-                if p.id != o.work_id {
-                    // Through the pool: the file stays until the removal of its record, in
-                    // the batch below, is durable.
-                    self.recycle(p.id);
-                }
-                if p.size >= self.cfg.upload.single_shot_threshold {
-                    self.sweep_parts(p.id, None);
-                }
-            }
-            self.retire_if_settled(old, &mut o);
-        }
+            None => Vec::new(),
+        };
+        let mut changes: Vec<Change> = replaced_ids.iter().map(|&id| Change::Del(id)).collect();
         let mut it = shared.item.lock().await;
-        {
-            let mut map = self.by_key.lock();
-            map.remove(from);
-            map.insert(to.to_string(), shared.clone());
-        }
+        // The item takes its new name, base and upload state first, to write its records as
+        // they will be; if the journal cannot take them (a full cache disk) it gets its old
+        // ones back and nothing else has changed: the rename fails here as it would at the
+        // next mount, which replays the journal.
+        let before = (it.key.clone(), it.base.clone(), it.pending.clone());
         it.key = to.to_string();
         // The base is also where the working copy's missing bytes come from: one that still
         // lacks some keeps its base unless the copy holds the same bytes (it was made from an
@@ -305,24 +340,77 @@ impl<S: ObjectStore> WriteBack<S> {
             changes.push(Change::Put(it.unsaved(u)));
         }
         if !changes.is_empty() {
-            self.journal.apply(Change::Batch(changes)).await?;
+            let ids: Vec<u64> = replaced_ids
+                .iter()
+                .copied()
+                .chain(it.record_ids())
+                .collect();
+            let records = self.journal.records(&ids);
+            if let Err(e) = self.journal.apply(Change::Batch(changes)).await {
+                (it.key, it.base, it.pending) = before;
+                self.undo_journal(from, records, &ids).await;
+                drop(it);
+                if let Some(old) = &replaced {
+                    let mut o = old.item.lock().await;
+                    if o.life == Life::Unlinked {
+                        o.life = Life::Live;
+                    }
+                }
+                return Err(e.into());
+            }
+        }
+        {
+            let mut map = self.by_key.lock();
+            if map.get(from).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
+                map.remove(from);
+            }
+            map.insert(to.to_string(), shared.clone());
         }
         if moved_unsaved && !it.work_is_unsaved_record() {
             self.drop_unsaved_file(&mut it);
             it.unsaved_file = Some(it.work_id);
         }
         shared.publish(&it);
-        if uploaded_before && (copied_from.is_none() || !adopt) {
+        let reupload = uploaded_before && (copied_from.is_none() || !adopt);
+        if reupload {
+            it.edits += 1;
+        }
+        let idle = it.handles == 0;
+        drop(it);
+        if let Some(old) = &replaced {
+            self.drop_replaced(old).await;
+        }
+        if reupload && idle {
             // Its content was in the bucket under the old name only (no copy of it was made
             // here; a generation seen at `to` is only what the upload may replace): upload it
             // again here.
-            it.edits += 1;
-            let idle = it.handles == 0;
-            drop(it);
-            if idle {
-                self.commit(&ItemRef(shared.clone())).await?;
-            }
+            self.commit(&ItemRef(shared.clone())).await?;
         }
         Ok(())
+    }
+
+    /// A rename replaced the file being written in `old`, whose records the rename's journal
+    /// line removed: it is dropped, with its staged files.
+    async fn drop_replaced(&self, old: &Arc<Shared>) {
+        let mut o = old.item.lock().await;
+        o.life = Life::Unlinked;
+        old.progress.send_modify(|p| p.attempts += 1);
+        // Normally removed by the rename's line already (a no-op then).
+        for id in o.record_ids() {
+            if let Err(e) = self.journal.remove(id).await {
+                tracing::warn!(key = %o.key, error = %e, "could not remove the journal record of a file renamed over; the next mount may upload it again");
+            }
+        }
+        o.unsaved_record = None;
+        self.drop_unsaved_file(&mut o);
+        if let Some(p) = o.pending.take() {
+            if p.id != o.work_id {
+                self.recycle(p.id);
+            }
+            if p.size >= self.cfg.upload.single_shot_threshold {
+                self.sweep_parts(p.id, None);
+            }
+        }
+        self.retire_if_settled(old, &mut o);
     }
 }

@@ -751,6 +751,18 @@ impl<S: ObjectStore> WriteBack<S> {
         Ok(())
     }
 
+    /// Makes the next `n` journal appends fail as on a full disk (tests only).
+    #[cfg(test)]
+    pub fn fail_journal_appends(&self, n: u32) {
+        self.journal.fail_appends(n);
+    }
+
+    /// Makes the next `n` journal syncs fail (tests only).
+    #[cfg(test)]
+    pub fn fail_journal_syncs(&self, n: u32) {
+        self.journal.fail_syncs(n);
+    }
+
     /// Hands staging file `id`, which no item uses any more, to the pool: reused (or deleted)
     /// once no durable journal record names it.
     pub(super) fn recycle(&self, id: u64) {

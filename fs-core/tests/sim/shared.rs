@@ -1615,6 +1615,23 @@ impl Sim {
                             ),
                         ));
                     }
+                    // Another writer's version under a file the user holds open: the mount put
+                    // the user's file elsewhere (a rename over an unseen object went beside
+                    // it), and its descriptors keep writing that file, which stays owed.
+                    let held = self.mounts[m].handles.iter().any(|h| h.file == id);
+                    if held && !self.mounts[m].wrote.contains(&dg) {
+                        self.note(
+                            Some(m),
+                            format!(
+                                "  ({path} shows another writer's version; the open file is \
+                                 kept beside it)"
+                            ),
+                        );
+                        self.orphan(m, &path);
+                        self.mounts[m].model.add(&path, d, false);
+                        self.mounts[m].remember();
+                        return Ok(true);
+                    }
                     // Another writer's version, or one the mount took instead of the user's:
                     // the user sees it from here on.
                     self.mounts[m].model.set_current(id, d);
