@@ -51,6 +51,17 @@ pub fn run(args: MountArgs) -> ExitCode {
     // chosen (and its file opened) while a default log that cannot be opened can still be
     // reported here.
     let foreground = args.foreground || notify::supervised();
+    // Where the bucket is and who asks, checked here, and said on the terminal before a
+    // detached mount loses it (attached, the log says it).
+    match args.common.store.gcs_options() {
+        Ok(opts) if !foreground => {
+            for note in &opts.notes {
+                eprintln!("bucketdrive: warning: {note}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => return fail(e),
+    }
     let destination = if foreground {
         logging::Destination::Attached
     } else {

@@ -78,7 +78,8 @@ async fn upload_dir(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let opts = GcsOptions::resolve(Some(args.endpoint.clone()), None, true);
+    let opts = GcsOptions::resolve(Some(args.endpoint.clone()), None, true, false)
+        .map_err(anyhow::Error::msg)?;
     let store = Arc::new(GcsStore::connect(&args.bucket, &opts).await?);
     if let Some(dir) = &args.dir {
         let secs = upload_dir(store, dir, &args.key, args.concurrency.unwrap_or(32)).await?;

@@ -740,3 +740,162 @@ fn the_default_cache_dir_is_replayed_at_another_mountpoint() -> Result<()> {
     assert_eq!(emu.get("moved", "kept")?, data);
     m.unmount()
 }
+
+/// Runs `bucketdrive mount SPEC DIR ARGS…` detached with `env` set (and the emulator variable
+/// removed unless `env` sets it), its cache directory under `cache`; returns the guard and
+/// what the parent printed.
+fn mount_with_env(
+    cache: &Path,
+    spec: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Result<(Detached, std::process::Output)> {
+    let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
+    let mut cmd = Command::new(bucketdrive_bin());
+    cmd.arg("mount")
+        .arg(spec)
+        .arg(dir.path())
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args)
+        .env_remove("STORAGE_EMULATOR_HOST")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output()?;
+    Ok((Detached { dir }, out))
+}
+
+/// A plain-HTTP listener that counts every connection made to it.
+fn counting_listener() -> Result<(u16, Arc<AtomicUsize>)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(std::result::Result::ok) {
+            h.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    Ok((port, hits))
+}
+
+/// A service-account key file whose token endpoint is `server`, with `mode`.
+fn key_file_for(dir: &Path, server: &TokenServer, mode: u32) -> Result<PathBuf> {
+    let key_file = dir.join("key.json");
+    let key = serde_json::json!({
+        "type": "service_account",
+        "project_id": "bucketdrive-test",
+        "private_key_id": "0123456789abcdef0123456789abcdef01234567",
+        "private_key": rsa_key_pem()?,
+        "client_email": "tester@bucketdrive-test.iam.gserviceaccount.com",
+        "client_id": "100000000000000000001",
+        "auth_uri": format!("http://127.0.0.1:{}/auth", server.port),
+        "token_uri": format!("http://127.0.0.1:{}/token", server.port),
+    });
+    std::fs::write(&key_file, serde_json::to_vec(&key)?)?;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(mode))?;
+    Ok(key_file)
+}
+
+/// A bearer token never goes to a plain-HTTP host that is not this machine, and the emulator
+/// variable never takes a real key's tokens anywhere: `STORAGE_EMULATOR_HOST` with
+/// `--key-file` is refused (it used to send `Authorization: Bearer …` to the host it named), an
+/// `http://` endpoint elsewhere with credentials is refused, and an endpoint without a scheme
+/// is refused. Nothing reaches the named host, and no token is even minted.
+#[test]
+fn credentials_never_go_to_a_plain_http_host_elsewhere() -> Result<()> {
+    const TOKEN: &str = "ya29.bucketdrive-test-token-plain-http";
+    let server = TokenServer::start(TOKEN)?;
+    let dir = tempfile::tempdir()?;
+    let key = key_file_for(dir.path(), &server, 0o600)?;
+    let key = key.to_string_lossy().into_owned();
+    let (port, plain) = counting_listener()?;
+    let host = format!("127.0.0.1:{port}");
+    /// What is tried, the environment, the flags, and what the refusal must say.
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, &'a [&'a str]);
+    let cases: [Case; 3] = [
+        (
+            "the emulator variable with a key file",
+            vec![("STORAGE_EMULATOR_HOST", host.as_str())],
+            vec!["--key-file", &key],
+            &["STORAGE_EMULATOR_HOST", "--key-file"],
+        ),
+        (
+            "a key file and a plain-HTTP endpoint elsewhere",
+            vec![],
+            vec!["--key-file", &key, "--endpoint", "http://192.0.2.1:9"],
+            &["clear text", "--insecure-endpoint"],
+        ),
+        (
+            "an endpoint without a scheme",
+            vec![],
+            vec!["--key-file", &key, "--endpoint", &host],
+            &["needs a scheme"],
+        ),
+    ];
+    for (what, env, args, says) in cases {
+        let (m, out) = mount_with_env(&dir.path().join("cache"), "creds", &env, &args)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(!out.status.success(), "{what}: the mount started: {err}");
+        anyhow::ensure!(!is_mounted(m.path()), "{what}: mounted");
+        for s in says {
+            anyhow::ensure!(
+                err.contains(s),
+                "{what}: the error does not say {s:?}: {err}"
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        plain.load(Ordering::SeqCst),
+        0,
+        "the plain-HTTP host was contacted"
+    );
+    assert_eq!(server.hits.load(Ordering::SeqCst), 0, "a token was minted");
+    Ok(())
+}
+
+/// What may go ahead says so on the terminal before the mount detaches: the emulator variable
+/// choosing the endpoint (anonymously), and a key file other users can read.
+#[test]
+fn the_terminal_is_told_when_the_environment_picks_the_endpoint_or_a_key_is_readable() -> Result<()>
+{
+    let emu = setup("envnote")?;
+    let host = emu.url().trim_start_matches("http://").to_string();
+    let dir = tempfile::tempdir()?;
+    let cache = dir.path().join("cache");
+    let (m, out) = mount_with_env(&cache, "envnote", &[("STORAGE_EMULATOR_HOST", &host)], &[])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.success(), "the mount failed: {err}");
+    anyhow::ensure!(
+        err.contains("STORAGE_EMULATOR_HOST") && err.contains("anonymously"),
+        "the terminal is not told the environment chose the endpoint: {err}"
+    );
+    let data = random_bytes(10_000, 5);
+    write_and_close(&m.path().join("f"), &data)?;
+    m.unmount()?;
+    anyhow::ensure!(
+        emu.get("envnote", "f")? == data,
+        "the file reached the emulator"
+    );
+
+    let server = TokenServer::start("ya29.bucketdrive-test-token-readable")?;
+    let key = key_file_for(dir.path(), &server, 0o644)?;
+    let key = key.to_string_lossy().into_owned();
+    let url = emu.url();
+    let args = ["--key-file", &key, "--endpoint", &url];
+    let (m, out) = mount_with_env(&cache, "envnote", &[], &args)?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "the mount with a readable key failed: {err}"
+    );
+    anyhow::ensure!(
+        err.contains("can be read by other users"),
+        "no warning about the readable key file: {err}"
+    );
+    m.unmount()
+}

@@ -40,7 +40,10 @@ pub fn open_filesystem(
     for note in &cache.notes {
         tracing::warn!("{note}");
     }
-    let opts = common.store.gcs_options();
+    let opts = common.store.gcs_options()?;
+    for note in &opts.notes {
+        tracing::warn!("{note}");
+    }
     tracing::info!(endpoint = %opts.endpoint, bucket = %bucket, prefix = %prefix, "connecting");
     crate::platform::raise_fd_limit();
     let store = rt

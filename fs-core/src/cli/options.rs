@@ -18,8 +18,9 @@ use crate::write::writeback::WriteConfig;
 /// that talks to a bucket.
 #[derive(Args, Debug, Clone, Default)]
 pub struct StoreArgs {
-    /// JSON API endpoint, e.g. http://127.0.0.1:4443. Default: STORAGE_EMULATOR_HOST if set,
-    /// else https://storage.googleapis.com.
+    /// JSON API endpoint with its scheme, e.g. http://127.0.0.1:4443. Default:
+    /// http://$STORAGE_EMULATOR_HOST if that is set (anonymous), else
+    /// https://storage.googleapis.com.
     #[arg(long)]
     pub endpoint: Option<String>,
     /// Service-account JSON key file, instead of Application Default Credentials.
@@ -28,12 +29,22 @@ pub struct StoreArgs {
     /// Send no credentials (public buckets, emulators). Implied by STORAGE_EMULATOR_HOST.
     #[arg(long)]
     pub anonymous: bool,
+    /// Send credentials over plain http:// to an endpoint that is not this machine (anyone on
+    /// the path can read and reuse them). Without it such an endpoint is refused.
+    #[arg(long)]
+    pub insecure_endpoint: bool,
 }
 
 impl StoreArgs {
-    /// The endpoint and credentials these flags (and `STORAGE_EMULATOR_HOST`) name.
-    pub fn gcs_options(&self) -> GcsOptions {
-        GcsOptions::resolve(self.endpoint.clone(), self.key_file.clone(), self.anonymous)
+    /// The endpoint and credentials these flags (and `STORAGE_EMULATOR_HOST`) name; an error
+    /// for a combination that would send credentials in clear text.
+    pub fn gcs_options(&self) -> Result<GcsOptions, String> {
+        GcsOptions::resolve(
+            self.endpoint.clone(),
+            self.key_file.clone(),
+            self.anonymous,
+            self.insecure_endpoint,
+        )
     }
 }
 

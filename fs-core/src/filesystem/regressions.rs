@@ -414,7 +414,11 @@ fn failed_journal_write(op: &str, fault: &str) {
                 Err(_) => None,
             };
             if op == "mv-over" {
-                assert_eq!(g.as_deref(), Some(&other[..]), "{case}: g is still the old g");
+                assert_eq!(
+                    g.as_deref(),
+                    Some(&other[..]),
+                    "{case}: g is still the old g"
+                );
             }
             // Killed here: what the journal holds is what the next mount has.
             drop(fs);
@@ -422,7 +426,10 @@ fn failed_journal_write(op: &str, fault: &str) {
         });
         rt.shutdown_timeout(Duration::from_secs(5));
     }
-    assert!(shown_here.0, "{case}: a failed change leaves f where it was");
+    assert!(
+        shown_here.0,
+        "{case}: a failed change leaves f where it was"
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let fs = mount(&store, &cache, Duration::ZERO);
@@ -431,7 +438,11 @@ fn failed_journal_write(op: &str, fault: &str) {
     });
     let f = store.object_bytes("f").map(|b| b.to_vec());
     let g = store.object_bytes("g").map(|b| b.to_vec());
-    assert_eq!(f.as_deref(), Some(&data[..]), "{case}: f is uploaded under its name");
+    assert_eq!(
+        f.as_deref(),
+        Some(&data[..]),
+        "{case}: f is uploaded under its name"
+    );
     match op {
         "mv-over" => assert_eq!(g.as_deref(), Some(&other[..]), "{case}: g keeps its bytes"),
         _ => assert_eq!(g, None, "{case}: nothing lands under g"),
@@ -467,6 +478,14 @@ async fn a_failed_journal_write_after_a_delete_keeps_the_changed_file_under_its_
     let a = fs.lookup(ROOT_INO, "f").await.expect("f stays");
     assert_eq!(read_all(&fs, a.ino).await, changed);
     assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(store.object_bytes("f").unwrap(), changed, "uploaded under its name");
-    assert!(temp_parts(&store).is_empty(), "no conflict copy: {:?}", temp_parts(&store));
+    assert_eq!(
+        store.object_bytes("f").unwrap(),
+        changed,
+        "uploaded under its name"
+    );
+    assert!(
+        temp_parts(&store).is_empty(),
+        "no conflict copy: {:?}",
+        temp_parts(&store)
+    );
 }

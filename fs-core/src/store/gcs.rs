@@ -60,41 +60,147 @@ pub struct GcsOptions {
     pub endpoint: String,
     pub credentials: Credentials,
     pub retry: RetryPolicy,
+    /// What the user should know before the mount starts (the environment chose the
+    /// endpoint, a key file others can read), said on the terminal and in the log.
+    pub notes: Vec<String>,
 }
+
+/// The variable emulators and Google's own clients take an emulator's `host:port` from.
+pub const EMULATOR_VAR: &str = "STORAGE_EMULATOR_HOST";
 
 impl GcsOptions {
     pub const DEFAULT_ENDPOINT: &'static str = "https://storage.googleapis.com";
 
-    /// Resolves endpoint and credentials the standard way: an explicit endpoint wins, then
-    /// `STORAGE_EMULATOR_HOST` (which implies anonymous access), then the public endpoint.
-    pub fn resolve(endpoint: Option<String>, key_file: Option<PathBuf>, anonymous: bool) -> Self {
-        let emulator = std::env::var("STORAGE_EMULATOR_HOST")
-            .ok()
-            .filter(|s| !s.is_empty());
-        let endpoint_given = endpoint.is_some();
-        let endpoint = endpoint
-            .or_else(|| emulator.clone())
-            .map(|e| {
-                if e.contains("://") {
-                    e
-                } else {
-                    format!("http://{e}")
+    /// Resolves endpoint and credentials: an explicit `endpoint` wins, then
+    /// `STORAGE_EMULATOR_HOST`, then the public endpoint.
+    ///
+    /// A token sent in clear text can be replayed by anyone on the path, so credentials go
+    /// only over `https://`, or plain `http://` to a loopback address, unless `insecure` (the
+    /// user's explicit `--insecure-endpoint`). An explicit endpoint must carry its scheme. The
+    /// variable keeps its usual meaning (`host:port` of a plain-HTTP emulator) and is always
+    /// anonymous, so it is refused together with a key file: an inherited variable must not
+    /// quietly send a real key's tokens to whatever host it names.
+    pub fn resolve(
+        endpoint: Option<String>,
+        key_file: Option<PathBuf>,
+        anonymous: bool,
+        insecure: bool,
+    ) -> Result<Self, String> {
+        let emulator = std::env::var(EMULATOR_VAR).ok().filter(|s| !s.is_empty());
+        Self::resolve_with(endpoint, key_file, anonymous, insecure, emulator)
+    }
+
+    /// [`Self::resolve`], with the variable's value given.
+    fn resolve_with(
+        endpoint: Option<String>,
+        key_file: Option<PathBuf>,
+        anonymous: bool,
+        insecure: bool,
+        emulator: Option<String>,
+    ) -> Result<Self, String> {
+        if let Some(e) = &endpoint {
+            if !e.contains("://") {
+                return Err(format!(
+                    "--endpoint {e} needs a scheme: https://{e}, or http://{e} for an emulator"
+                ));
+            }
+        }
+        let mut notes = Vec::new();
+        let from_env = match (&endpoint, emulator) {
+            (None, Some(host)) => Some(host),
+            _ => None,
+        };
+        if let Some(host) = &from_env {
+            if key_file.is_some() {
+                return Err(format!(
+                    "{EMULATOR_VAR}={host} points bucketdrive at an emulator, which is sent no \
+                     credentials, but --key-file was given too: unset {EMULATOR_VAR} to use the \
+                     key file with the real endpoint (or give --endpoint), or drop --key-file"
+                ));
+            }
+        }
+        let endpoint = match (endpoint, &from_env) {
+            (Some(e), _) => e,
+            (None, Some(host)) if host.contains("://") => host.clone(),
+            (None, Some(host)) => format!("http://{host}"),
+            (None, None) => Self::DEFAULT_ENDPOINT.to_string(),
+        };
+        let endpoint = endpoint.trim_end_matches('/').to_string();
+        if let Some(host) = &from_env {
+            notes.push(format!(
+                "{EMULATOR_VAR}={host} is set: using the emulator at {endpoint}, anonymously, \
+                 instead of Google Cloud Storage"
+            ));
+        }
+        let credentials = if anonymous || from_env.is_some() {
+            Credentials::Anonymous
+        } else if let Some(k) = key_file {
+            notes.extend(key_file_note(&k));
+            Credentials::KeyFile(k)
+        } else {
+            Credentials::ApplicationDefault
+        };
+        if credentials != Credentials::Anonymous {
+            match (credentials_safe_at(&endpoint)?, insecure) {
+                (true, _) => {}
+                (false, true) => notes.push(format!(
+                    "--insecure-endpoint: credentials go to {endpoint} in clear text"
+                )),
+                (false, false) => {
+                    return Err(format!(
+                        "refusing to send credentials to {endpoint} in clear text: use an \
+                         https:// endpoint, --anonymous (public buckets, emulators), or \
+                         --insecure-endpoint to send them anyway"
+                    ))
                 }
-            })
-            .unwrap_or_else(|| Self::DEFAULT_ENDPOINT.to_string());
-        let credentials =
-            if anonymous || (emulator.is_some() && !endpoint_given && key_file.is_none()) {
-                Credentials::Anonymous
-            } else if let Some(k) = key_file {
-                Credentials::KeyFile(k)
-            } else {
-                Credentials::ApplicationDefault
-            };
-        GcsOptions {
-            endpoint: endpoint.trim_end_matches('/').to_string(),
+            }
+        }
+        Ok(GcsOptions {
+            endpoint,
             credentials,
             retry: RetryPolicy::default(),
-        }
+            notes,
+        })
+    }
+}
+
+/// Whether a token may be sent to `endpoint`: over TLS, or to this machine (plain HTTP to a
+/// loopback address never leaves it).
+fn credentials_safe_at(endpoint: &str) -> Result<bool, String> {
+    let url = reqwest::Url::parse(endpoint).map_err(|e| format!("endpoint {endpoint}: {e}"))?;
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback());
+    Ok(match url.scheme() {
+        "https" => true,
+        "http" => loopback,
+        other => return Err(format!("endpoint {endpoint}: unknown scheme {other}")),
+    })
+}
+
+/// A warning when the key file can be read by users other than its owner, as ssh gives for
+/// a private key: anyone who can read it can act as the service account.
+fn key_file_note(path: &std::path::Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then(|| {
+            format!(
+                "key file {} can be read by other users (mode {mode:03o}): anyone who can read \
+                 it can act as its account; chmod 600 it",
+                path.display()
+            )
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        // Windows: the file's ACL decides, which the profile directory normally keeps private.
+        let _ = path;
+        None
     }
 }
 
@@ -596,13 +702,123 @@ impl ObjectStore for GcsStore {
 mod tests {
     use super::*;
 
+    fn resolve(
+        endpoint: Option<&str>,
+        key: Option<&str>,
+        anonymous: bool,
+        insecure: bool,
+        var: Option<&str>,
+    ) -> Result<GcsOptions, String> {
+        GcsOptions::resolve_with(
+            endpoint.map(String::from),
+            key.map(PathBuf::from),
+            anonymous,
+            insecure,
+            var.map(String::from),
+        )
+    }
+
     #[test]
     fn endpoint_resolution() {
-        let o = GcsOptions::resolve(Some("http://127.0.0.1:9/".into()), None, true);
+        let o = resolve(Some("http://127.0.0.1:9/"), None, true, false, None).unwrap();
         assert_eq!(o.endpoint, "http://127.0.0.1:9");
         assert_eq!(o.credentials, Credentials::Anonymous);
-        let o = GcsOptions::resolve(Some("https://x".into()), Some("/k.json".into()), false);
+        let o = resolve(Some("https://x"), Some("/k.json"), false, false, None).unwrap();
         assert_eq!(o.credentials, Credentials::KeyFile("/k.json".into()));
+        let o = resolve(None, None, false, false, None).unwrap();
+        assert_eq!(o.endpoint, GcsOptions::DEFAULT_ENDPOINT);
+        assert_eq!(o.credentials, Credentials::ApplicationDefault);
+        assert!(o.notes.is_empty());
+    }
+
+    /// Credentials never go over plain HTTP to another machine, unless asked for.
+    #[test]
+    fn credentials_go_in_clear_text_only_to_this_machine_or_when_asked() {
+        for local in [
+            "http://127.0.0.1:9",
+            "http://localhost:9",
+            "http://[::1]:9",
+            "http://127.8.0.1",
+        ] {
+            assert!(
+                resolve(Some(local), Some("/k"), false, false, None).is_ok(),
+                "{local}"
+            );
+            assert!(
+                resolve(Some(local), None, false, false, None).is_ok(),
+                "{local}: ADC"
+            );
+        }
+        for remote in [
+            "http://10.1.2.3:4443",
+            "http://storage.example.com",
+            "http://[2001:db8::1]",
+        ] {
+            let e = resolve(Some(remote), Some("/k"), false, false, None).unwrap_err();
+            assert!(e.contains("clear text"), "{remote}: {e}");
+            assert!(
+                resolve(Some(remote), None, false, false, None).is_err(),
+                "{remote}: ADC"
+            );
+            // Anonymous access sends nothing to protect.
+            assert!(
+                resolve(Some(remote), None, true, false, None).is_ok(),
+                "{remote}"
+            );
+            let o = resolve(Some(remote), Some("/k"), false, true, None).unwrap();
+            assert!(
+                o.notes.iter().any(|n| n.contains("clear text")),
+                "{remote}: {:?}",
+                o.notes
+            );
+        }
+        assert!(resolve(Some("https://10.1.2.3"), Some("/k"), false, false, None).is_ok());
+    }
+
+    #[test]
+    fn an_endpoint_needs_a_scheme() {
+        let e = resolve(Some("127.0.0.1:4443"), None, true, false, None).unwrap_err();
+        assert!(e.contains("needs a scheme"), "{e}");
+    }
+
+    /// `STORAGE_EMULATOR_HOST` keeps its meaning (a plain-HTTP emulator, anonymous), says so,
+    /// and is refused with a key file rather than sending the key's tokens there.
+    #[test]
+    fn the_emulator_variable_is_anonymous_and_refused_with_a_key_file() {
+        let o = resolve(None, None, false, false, Some("10.0.0.7:4443")).unwrap();
+        assert_eq!(o.endpoint, "http://10.0.0.7:4443");
+        assert_eq!(o.credentials, Credentials::Anonymous);
+        assert!(
+            o.notes.iter().any(|n| n.contains(EMULATOR_VAR)),
+            "{:?}",
+            o.notes
+        );
+        let e = resolve(None, Some("/k.json"), false, false, Some("10.0.0.7:4443")).unwrap_err();
+        assert!(e.contains(EMULATOR_VAR) && e.contains("--key-file"), "{e}");
+        // An explicit endpoint wins over the variable, with the credentials asked for.
+        let o = resolve(Some("https://x"), Some("/k"), false, false, Some("h:1")).unwrap();
+        assert_eq!((o.endpoint.as_str(), o.notes.len()), ("https://x", 0));
+        assert_eq!(o.credentials, Credentials::KeyFile("/k".into()));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_key_file_others_can_read_is_warned_about() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.json");
+        std::fs::write(&key, "{}").unwrap();
+        let path = key.to_str().unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let o = resolve(Some("https://x"), Some(path), false, false, None).unwrap();
+        assert!(
+            o.notes.iter().any(|n| n.contains("mode 644")),
+            "{:?}",
+            o.notes
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let o = resolve(Some("https://x"), Some(path), false, false, None).unwrap();
+        assert!(o.notes.is_empty(), "{:?}", o.notes);
     }
 
     #[test]

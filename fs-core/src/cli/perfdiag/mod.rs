@@ -219,7 +219,10 @@ fn run(args: &PerfdiagArgs) -> Result<(), Failure> {
     let mut signals = rt
         .block_on(async { Signals::install() })
         .map_err(|e| format!("cannot catch Ctrl-C and SIGTERM: {e}"))?;
-    let opts = args.store.gcs_options();
+    let opts = args.store.gcs_options()?;
+    for note in &opts.notes {
+        eprintln!("bucketdrive: {note}");
+    }
     let bar = Bar::new(!args.json, plan.steps());
     bar.message("connecting");
 
