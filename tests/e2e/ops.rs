@@ -815,7 +815,12 @@ fn credentials_never_go_to_a_plain_http_host_elsewhere() -> Result<()> {
     let (port, plain) = counting_listener()?;
     let host = format!("127.0.0.1:{port}");
     /// What is tried, the environment, the flags, and what the refusal must say.
-    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, &'a [&'a str]);
+    type Case<'a> = (
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        Vec<&'a str>,
+        &'a [&'a str],
+    );
     let cases: [Case; 3] = [
         (
             "the emulator variable with a key file",

@@ -238,7 +238,7 @@ impl<S: ObjectStore> Filesystem<S> {
         if let Some(m) = target {
             // False: replaced by another writer meanwhile; theirs stays.
             match self.delete_checked(&m).await {
-                Ok(true) => deleted = Some(m.generation),
+                Ok(true) => deleted = Some(m),
                 Ok(false) => {}
                 Err(e) => {
                     self.ns.forget_outcome(path);
@@ -248,8 +248,8 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         if let Err(e) = w.unlink(key).await {
             // The file stays, staged, though its object is gone.
-            if let Some(g) = deleted {
-                w.base_gone(key, g).await;
+            if let Some(m) = &deleted {
+                w.base_gone(key, m).await;
                 self.ns.forget_outcome(path);
             }
             return Err(e);
@@ -405,7 +405,7 @@ impl<S: ObjectStore> Filesystem<S> {
                         // The copy stands at the target, the file stays staged at the source
                         // (nothing lost): its object there is gone.
                         if deleted {
-                            w.base_gone(&src_key, m.generation).await;
+                            w.base_gone(&src_key, m).await;
                         }
                         self.ns.forget_outcome(from);
                         self.ns.forget_outcome(to);
@@ -449,10 +449,21 @@ impl<S: ObjectStore> Filesystem<S> {
         let copied = self
             .copy_checked(src, &saved_key, Precondition::DoesNotExist)
             .await?;
-        self.delete_checked(src).await?;
+        let deleted = self.delete_checked(src).await?;
         if w.item(src_key).is_some() {
-            w.rename(src_key, &saved_key, Some(copied.generation), Some(src))
-                .await?;
+            let moved = w
+                .rename(src_key, &saved_key, Some(copied.generation), Some(src))
+                .await;
+            if let Err(e) = moved {
+                // As for a rename over a seen target: the copy stands, the file stays staged
+                // at the source, whose object is gone.
+                if deleted {
+                    w.base_gone(src_key, src).await;
+                }
+                self.ns.forget_outcome(from);
+                self.ns.forget_outcome(&saved_path);
+                return Err(e);
+            }
         }
         // The user's own file at the target, if any, was replaced by the rename.
         w.unlink(dst_key).await?;

@@ -426,6 +426,10 @@ impl Journal {
     /// is in the records already, and the next sync would make durable a change that did not
     /// happen. On a disk that takes no line at all there is nothing to undo.
     pub async fn undo(&self, before: Vec<Record>, ids: &[u64]) -> io::Result<()> {
+        if self.records(ids) == before {
+            // The failed change never reached the records (its append failed).
+            return Ok(());
+        }
         let was: Vec<u64> = before.iter().map(|r| r.id).collect();
         let mut changes: Vec<Change> = ids
             .iter()

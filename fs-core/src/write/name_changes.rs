@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use super::item::{ItemRef, Life, Shared};
+use super::item::{Item, ItemRef, Life, Shared};
 use super::journal::{Change, Record, UploadState};
 use super::writeback::WriteBack;
 use crate::error::FsResult;
@@ -229,22 +229,24 @@ impl<S: ObjectStore> WriteBack<S> {
         Ok(true)
     }
 
-    /// The object `generation` at `key`, the base of the file being written there, was deleted
+    /// The object `deleted` at `key`, the base of the file being written there, was deleted
     /// here by a change that then failed (the journal could not record it): the file no longer
     /// rests on it, so its next upload expects no object there instead of meeting its own
     /// delete as a conflict. A working copy still lacking bytes of it keeps it (they are gone,
     /// and it stays unsaved).
-    pub async fn base_gone(&self, key: &str, generation: i64) {
+    pub async fn base_gone(&self, key: &str, deleted: &ObjectMeta) {
         let Some(shared) = self.live(key) else {
             return;
         };
         let mut it = shared.item.lock().await;
-        if it.work.is_complete()
-            && it
+        // The object deleted may be its base, or one of its own uploads whose answer was lost
+        // (the base then still names the older generation, gone too).
+        let rested_on = it.owns(deleted)
+            || it
                 .base
                 .as_ref()
-                .is_some_and(|(k, g)| k == key && *g == generation)
-        {
+                .is_some_and(|(k, g)| k == key && *g == deleted.generation);
+        if it.work.is_complete() && rested_on {
             it.base = None;
         }
     }
@@ -279,32 +281,36 @@ impl<S: ObjectStore> WriteBack<S> {
             return Ok(());
         };
         let replaced = self.live(to).filter(|r| !Arc::ptr_eq(r, &shared));
+        // Both files are held for the whole change: no close commits a version of the file at
+        // `to` (its record would outlive the line below that removes its records), and no write
+        // changes the working copy made durable for the unsaved record. Always taken in the same
+        // order (by address), so two renames between the same names cannot deadlock; nothing
+        // else holds two items at once.
+        let (mut it, mut replaced_it) = match &replaced {
+            Some(old) if Arc::as_ptr(old) < Arc::as_ptr(&shared) => {
+                let o = old.item.lock().await;
+                (shared.item.lock().await, Some(o))
+            }
+            Some(old) => {
+                let it = shared.item.lock().await;
+                (it, Some(old.item.lock().await))
+            }
+            None => (shared.item.lock().await, None),
+        };
         // Changes kept as not saved follow the name. When the working copy moved off the
         // record's file since (it was written to), the record will name it as it is now, a
         // state the user had: made durable first, before anything here changes, so a failure
         // leaves the rename undone in memory as well.
-        let moved_unsaved = {
-            let mut it = shared.item.lock().await;
-            let moved = it.unsaved_record.is_some() && !it.work_is_unsaved_record();
-            if moved {
-                self.work_durable(&mut it).await?;
-            }
-            moved
-        };
+        let moved_unsaved = it.unsaved_record.is_some() && !it.work_is_unsaved_record();
+        if moved_unsaved {
+            self.work_durable(&mut it).await?;
+        }
         // The records of a file being written at `to` go with this change, in the same line.
-        // It is unlinked first, so no close commits a version of it meanwhile (one would
-        // write a record under `to` after this line removed its records); a failure below
-        // makes it live again.
-        let replaced_ids: Vec<u64> = match &replaced {
-            Some(old) => {
-                let mut o = old.item.lock().await;
-                o.life = Life::Unlinked;
-                o.record_ids()
-            }
-            None => Vec::new(),
-        };
+        let replaced_ids = replaced_it
+            .as_ref()
+            .map(|o| o.record_ids())
+            .unwrap_or_default();
         let mut changes: Vec<Change> = replaced_ids.iter().map(|&id| Change::Del(id)).collect();
-        let mut it = shared.item.lock().await;
         // The item takes its new name, base and upload state first, to write its records as
         // they will be; if the journal cannot take them (a full cache disk) it gets its old
         // ones back and nothing else has changed: the rename fails here as it would at the
@@ -349,13 +355,6 @@ impl<S: ObjectStore> WriteBack<S> {
             if let Err(e) = self.journal.apply(Change::Batch(changes)).await {
                 (it.key, it.base, it.pending) = before;
                 self.undo_journal(from, records, &ids).await;
-                drop(it);
-                if let Some(old) = &replaced {
-                    let mut o = old.item.lock().await;
-                    if o.life == Life::Unlinked {
-                        o.life = Life::Live;
-                    }
-                }
                 return Err(e.into());
             }
         }
@@ -377,9 +376,10 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         let idle = it.handles == 0;
         drop(it);
-        if let Some(old) = &replaced {
-            self.drop_replaced(old).await;
+        if let (Some(old), Some(o)) = (&replaced, replaced_it.as_mut()) {
+            self.drop_replaced(old, o);
         }
+        drop(replaced_it);
         if reupload && idle {
             // Its content was in the bucket under the old name only (no copy of it was made
             // here; a generation seen at `to` is only what the upload may replace): upload it
@@ -391,18 +391,11 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// A rename replaced the file being written in `old`, whose records the rename's journal
     /// line removed: it is dropped, with its staged files.
-    async fn drop_replaced(&self, old: &Arc<Shared>) {
-        let mut o = old.item.lock().await;
+    fn drop_replaced(&self, old: &Arc<Shared>, o: &mut Item) {
         o.life = Life::Unlinked;
         old.progress.send_modify(|p| p.attempts += 1);
-        // Normally removed by the rename's line already (a no-op then).
-        for id in o.record_ids() {
-            if let Err(e) = self.journal.remove(id).await {
-                tracing::warn!(key = %o.key, error = %e, "could not remove the journal record of a file renamed over; the next mount may upload it again");
-            }
-        }
         o.unsaved_record = None;
-        self.drop_unsaved_file(&mut o);
+        self.drop_unsaved_file(o);
         if let Some(p) = o.pending.take() {
             if p.id != o.work_id {
                 self.recycle(p.id);
@@ -411,6 +404,6 @@ impl<S: ObjectStore> WriteBack<S> {
                 self.sweep_parts(p.id, None);
             }
         }
-        self.retire_if_settled(old, &mut o);
+        self.retire_if_settled(old, o);
     }
 }
