@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use crate::store::Posix;
+
 /// Everything that shapes one mount's behaviour.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -40,6 +42,14 @@ pub struct MountConfig {
     pub rename_dir_limit: usize,
     /// Read and store owner, group and mode in `goog-reserved-posix-*` metadata.
     pub posix_metadata: bool,
+    /// With `posix_metadata`: setuid, setgid and sticky bits are shown and stored too. Off,
+    /// they are dropped, so a bucket writer cannot make a local setuid file.
+    pub posix_special_modes: bool,
+    /// With `posix_metadata`: the owners and groups a file may show from its metadata, besides
+    /// `uid`/`gid` (any other shows as those). A bucket writer may not decide which local user
+    /// owns a file.
+    pub posix_uids: Vec<u32>,
+    pub posix_gids: Vec<u32>,
     /// An exclusive create (`O_CREAT|O_EXCL`, Windows' `CREATE_NEW`) claims the name in the
     /// bucket before it returns, so one name created on two machines goes to exactly one.
     /// Off: exclusive on this mount only, and no bucket request.
@@ -67,8 +77,40 @@ impl MountConfig {
             reported_free_bytes: 1 << 50,
             rename_dir_limit: 10_000,
             posix_metadata: false,
+            posix_special_modes: false,
+            posix_uids: Vec::new(),
+            posix_gids: Vec::new(),
             exclusive_create: false,
         }
+    }
+
+    /// What of `p`, read from an object's metadata (written by anyone who can write the
+    /// bucket), a file may show: bucket writers are trusted for content, not for local
+    /// permissions. The mode loses setuid, setgid and sticky unless `posix_special_modes`; an
+    /// owner or group outside the configured set is dropped (the file shows `uid`/`gid`).
+    pub fn trusted_posix(&self, p: Posix) -> Posix {
+        Posix {
+            mode: p.mode.map(|m| m & self.posix_mode_mask()),
+            uid: p.uid.filter(|u| self.posix_uid_allowed(*u)),
+            gid: p.gid.filter(|g| self.posix_gid_allowed(*g)),
+        }
+    }
+
+    /// The mode bits `--posix-metadata` shows and stores.
+    pub fn posix_mode_mask(&self) -> u32 {
+        if self.posix_special_modes {
+            0o7777
+        } else {
+            0o777
+        }
+    }
+
+    pub fn posix_uid_allowed(&self, uid: u32) -> bool {
+        uid == self.uid || self.posix_uids.contains(&uid)
+    }
+
+    pub fn posix_gid_allowed(&self, gid: u32) -> bool {
+        gid == self.gid || self.posix_gids.contains(&gid)
     }
 
     /// Sets the mounted prefix, normalising it to end in `/` (or be empty).

@@ -30,6 +30,10 @@ pub enum FsError {
     InvalidName(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// An operation this mount does not allow anyone (`EPERM`): a chown to an owner outside
+    /// the mount's set.
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
     #[error("bad file handle")]
     BadHandle,
     #[error("checksum mismatch: {0}")]
@@ -65,6 +69,7 @@ impl FsError {
             FsError::Stale => libc::ESTALE,
             FsError::InvalidName(_) => libc::EINVAL,
             FsError::PermissionDenied(_) => libc::EACCES,
+            FsError::NotPermitted(_) => libc::EPERM,
             FsError::BadHandle => libc::EBADF,
             FsError::Corrupt(_) => libc::EIO,
             FsError::Busy(_) => libc::EAGAIN,
@@ -89,16 +94,16 @@ impl FsError {
             FsError::ReadOnly => 0xC000_00A2, // STATUS_MEDIA_WRITE_PROTECTED
             FsError::Stale => 0xC000_0128,    // STATUS_FILE_CLOSED
             FsError::InvalidName(_) => 0xC000_0033, // STATUS_OBJECT_NAME_INVALID
-            FsError::PermissionDenied(_) => 0xC000_0022, // STATUS_ACCESS_DENIED
+            FsError::PermissionDenied(_) | FsError::NotPermitted(_) => 0xC000_0022, // STATUS_ACCESS_DENIED
             FsError::BadHandle => 0xC000_0008, // STATUS_INVALID_HANDLE
             FsError::Corrupt(_) => 0xC000_003E, // STATUS_DATA_ERROR
-            FsError::Busy(_) => 0xC000_00B5,  // STATUS_IO_TIMEOUT
+            FsError::Busy(_) => 0xC000_00B5,   // STATUS_IO_TIMEOUT
             FsError::Unsupported => 0xC000_00BB, // STATUS_NOT_SUPPORTED
-            FsError::NoSpace => 0xC000_007F,  // STATUS_DISK_FULL
+            FsError::NoSpace => 0xC000_007F,   // STATUS_DISK_FULL
             FsError::CrossDevice => 0xC000_00D4, // STATUS_NOT_SAME_DEVICE
             FsError::NotSymlink => 0xC000_0275, // STATUS_NOT_A_REPARSE_POINT
             FsError::EndOfFile => 0xC000_0011, // STATUS_END_OF_FILE
-            FsError::Io(_) => 0xC000_0185,    // STATUS_IO_DEVICE_ERROR
+            FsError::Io(_) => 0xC000_0185,     // STATUS_IO_DEVICE_ERROR
         }
     }
 }

@@ -43,6 +43,9 @@ pub struct CreateFlags {
     /// never emptied. On this mount only, unless the mount claims names in the bucket
     /// (`MountConfig::exclusive_create`).
     pub exclusive: bool,
+    /// The mode the caller asked for (the kernel has applied its umask): with
+    /// `--posix-metadata` the file shows it and stores it with its upload.
+    pub mode: Option<u32>,
 }
 
 /// Numbers for `statfs`.

@@ -535,7 +535,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         _req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
+        mode: u32,
         _umask: u32,
         flags: i32,
         reply: ReplyCreate,
@@ -546,6 +546,8 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         };
         let flags = CreateFlags {
             exclusive: flags & libc::O_EXCL != 0,
+            // Already masked by the kernel with the caller's umask (no FUSE_DONT_MASK).
+            mode: Some(mode & 0o7777),
         };
         let fs = self.fs.clone();
         self.rt.spawn(async move {

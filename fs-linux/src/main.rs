@@ -96,9 +96,21 @@ pub struct MountArgs {
     #[arg(long, value_parser = parse_size, default_value = "4MiB")]
     pub kernel_read_ahead: u64,
     /// Store chmod and chown in goog-reserved-posix-* metadata (as gsutil -P and rclone do)
-    /// and show them. Without it, modes and owners come from the mount options.
+    /// and show them. Without it, modes and owners come from the mount options. Whoever can
+    /// write the bucket can write that metadata: see the next three options.
     #[arg(long)]
     pub posix_metadata: bool,
+    /// With --posix-metadata, also show and store setuid, setgid and sticky bits (dropped
+    /// otherwise, so no bucket writer can make a setuid file here).
+    #[arg(long, requires = "posix_metadata")]
+    pub posix_special_modes: bool,
+    /// With --posix-metadata, owners (uids, comma-separated) a file may show from its
+    /// metadata besides --uid; any other shows as --uid, and chown to it is refused.
+    #[arg(long, value_delimiter = ',', requires = "posix_metadata")]
+    pub posix_uids: Vec<u32>,
+    /// With --posix-metadata, groups (gids) a file may show besides --gid, as --posix-uids.
+    #[arg(long, value_delimiter = ',', requires = "posix_metadata")]
+    pub posix_gids: Vec<u32>,
 }
 
 fn main() -> ExitCode {

@@ -183,6 +183,9 @@ fn serve(
         cfg.file_mode = args.file_mode;
         cfg.dir_mode = args.dir_mode;
         cfg.posix_metadata = args.posix_metadata;
+        cfg.posix_special_modes = args.posix_special_modes;
+        cfg.posix_uids = args.posix_uids.clone();
+        cfg.posix_gids = args.posix_gids.clone();
     })?;
     let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
     let kernel = KernelOptions {

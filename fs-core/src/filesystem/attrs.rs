@@ -101,11 +101,24 @@ impl<S: ObjectStore> Filesystem<S> {
     /// chmod and chown. With `--posix-metadata` they are stored in `goog-reserved-posix-*`
     /// metadata (a metadata patch for a file in the bucket, or with the pending upload);
     /// otherwise, and for directories and links, they are accepted and ignored.
+    ///
+    /// Only what a file may show is stored: setuid, setgid and sticky are dropped unless
+    /// `--posix-special-modes`, and an owner or group outside the mount's set is `EPERM`
+    /// (stored, it would only show as the mount's own).
     pub async fn set_posix(&self, ino: Ino, posix: Posix, fh: Option<u64>) -> FsResult<Attr> {
         let (path, kind) = self.ns.inode_path(ino)?;
         if !self.cfg.posix_metadata || kind != Kind::File || posix.is_empty() {
             return self.getattr(ino).await;
         }
+        let foreign_uid = posix.uid.filter(|u| !self.cfg.posix_uid_allowed(*u));
+        let foreign_gid = posix.gid.filter(|g| !self.cfg.posix_gid_allowed(*g));
+        if foreign_uid.is_some() || foreign_gid.is_some() {
+            return Err(FsError::NotPermitted(format!(
+                "owner {foreign_uid:?} / group {foreign_gid:?} is not one this mount shows \
+                 (--uid, --gid, --posix-uids, --posix-gids)"
+            )));
+        }
+        let posix = self.cfg.trusted_posix(posix);
         let w = self.writer()?;
         let key = self.ns.key_of(&path);
         let (held, unchanged) = self.held_item(fh, &key).await?;

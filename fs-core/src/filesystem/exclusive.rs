@@ -16,7 +16,10 @@ use crate::store::retry::RetryPolicy;
 use crate::store::{Precondition, WriteOptions, WRITER_KEY};
 use crate::write::upload::UploadConfig;
 
-const EXCL: CreateFlags = CreateFlags { exclusive: true };
+const EXCL: CreateFlags = CreateFlags {
+    exclusive: true,
+    mode: None,
+};
 
 fn wcfg(cache: &Path) -> WriteConfig {
     let mut w = WriteConfig::new(cache.to_path_buf());

@@ -142,10 +142,21 @@ impl<S: ObjectStore> Filesystem<S> {
             self.open_item(&path, &key, true).await?
         };
         self.ns.forget_tree(&path);
+        // The caller's mode, when modes are stored: shown now, uploaded with the file.
+        let posix = match flags.mode {
+            Some(m) if self.cfg.posix_metadata => Posix {
+                mode: Some(m & self.cfg.posix_mode_mask()),
+                ..Posix::default()
+            },
+            _ => Posix::default(),
+        };
+        if !posix.is_empty() {
+            self.writer()?.set_posix(&item, posix, true).await;
+        }
         let la = LocalAttr {
             size: 0,
             mtime: crate::clock::now(),
-            posix: Posix::default(),
+            posix,
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
         let opened = self.staged_handle(attr.ino, item, true);

@@ -6,8 +6,9 @@ use std::time::{Duration, SystemTime};
 use super::*;
 use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
-use crate::store::{ObjectStore, Posix, MTIME_KEY, MTIME_PRECISE_KEY, SYMLINK_KEY};
+use crate::store::{ObjectStore, Posix, Precondition, MTIME_KEY, MTIME_PRECISE_KEY, SYMLINK_KEY};
 use crate::write::upload::UploadConfig;
+use bytes::Bytes;
 
 fn wcfg(dir: &std::path::Path, delay_ms: u64) -> WriteConfig {
     let mut w = WriteConfig::new(dir.join("cache"));
@@ -946,6 +947,8 @@ async fn touch_and_chmod_of_a_file_in_the_bucket_patch_metadata_only() {
     store.insert("f", vec![7u8; 100_000]);
     let mut cfg = MountConfig::new("bkt");
     cfg.posix_metadata = true;
+    cfg.posix_uids = vec![1234];
+    cfg.posix_gids = vec![5678];
     let fs = Filesystem::with_write(store.clone(), cfg, wcfg(dir.path(), 0)).unwrap();
     let f = fs.lookup(ROOT_INO, "f").await.unwrap();
     let generation = store.head("f").await.unwrap().generation;
@@ -1028,4 +1031,130 @@ async fn a_listing_page_of_only_hidden_parts_does_not_end_the_directory() {
         .collect();
     fs.releasedir(fh);
     assert_eq!(names, vec![".", "..", "staged"]);
+}
+
+/// A posix-metadata mount as a security boundary: whoever can write the bucket can write
+/// `goog-reserved-posix-*`, but decides content only. A setuid-root object shows as an
+/// ordinary file of the mount's owner; only the opt-ins show what the metadata says.
+#[tokio::test]
+async fn bucket_writers_do_not_decide_local_permissions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let hostile: HashMap<String, String> = [
+        ("goog-reserved-posix-mode", "104755"),
+        ("goog-reserved-posix-uid", "0"),
+        ("goog-reserved-posix-gid", "0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let opts = crate::store::WriteOptions {
+        metadata: hostile,
+        ..Default::default()
+    };
+    store
+        .put(
+            "suid",
+            Bytes::from_static(b"#!/bin/sh\n"),
+            Precondition::None,
+            &opts,
+        )
+        .await
+        .unwrap();
+    let mut cfg = MountConfig::new("bkt");
+    cfg.posix_metadata = true;
+    cfg.uid = 1000;
+    cfg.gid = 1000;
+    let fs = Filesystem::with_write(store.clone(), cfg.clone(), wcfg(dir.path(), 0)).unwrap();
+    let a = fs.lookup(ROOT_INO, "suid").await.unwrap();
+    assert_eq!(
+        (a.perm, a.uid, a.gid),
+        (0o755, 1000, 1000),
+        "no setuid, not root's"
+    );
+
+    // chmod keeps no special bit; chown to an owner the mount does not show is refused.
+    let set = fs
+        .set_posix(
+            a.ino,
+            Posix {
+                mode: Some(0o4750),
+                uid: None,
+                gid: None,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(set.perm, 0o750);
+    assert_eq!(
+        store.head("suid").await.unwrap().metadata["goog-reserved-posix-mode"],
+        "750"
+    );
+    let chown = fs
+        .set_posix(
+            a.ino,
+            Posix {
+                mode: None,
+                uid: Some(4242),
+                gid: None,
+            },
+            None,
+        )
+        .await;
+    assert!(matches!(chown, Err(FsError::NotPermitted(_))), "{chown:?}");
+    assert_eq!(
+        store.head("suid").await.unwrap().metadata["goog-reserved-posix-uid"],
+        "0"
+    );
+    drop(fs);
+
+    // Opted in: what the metadata says.
+    let other = tempfile::tempdir().unwrap();
+    store
+        .put(
+            "suid",
+            Bytes::from_static(b"#!/bin/sh\n"),
+            Precondition::None,
+            &opts,
+        )
+        .await
+        .unwrap();
+    cfg.posix_special_modes = true;
+    cfg.posix_uids = vec![0];
+    cfg.posix_gids = vec![0];
+    let fs = Filesystem::with_write(store.clone(), cfg, wcfg(other.path(), 0)).unwrap();
+    let a = fs.lookup(ROOT_INO, "suid").await.unwrap();
+    assert_eq!((a.perm, a.uid, a.gid), (0o4755, 0, 0));
+}
+
+/// With --posix-metadata a new file shows the mode its creator asked for (the kernel applied
+/// the umask), before its upload and after, and the object carries it.
+#[tokio::test]
+async fn a_new_file_keeps_the_mode_it_was_created_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let mut cfg = MountConfig::new("bkt");
+    cfg.posix_metadata = true;
+    cfg.stat_ttl = Duration::ZERO;
+    let fs = Filesystem::with_write(store.clone(), cfg, wcfg(dir.path(), 0)).unwrap();
+    let flags = CreateFlags {
+        exclusive: false,
+        mode: Some(0o600),
+    };
+    let (a, h) = fs.create_with(ROOT_INO, "private", flags).await.unwrap();
+    assert_eq!(a.perm, 0o600, "as created");
+    fs.write(h.fh, 0, b"secret").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(
+        fs.getattr(a.ino).await.unwrap().perm,
+        0o600,
+        "before its upload"
+    );
+    fs.drain(false).await;
+    let meta = store.head("private").await.unwrap();
+    assert_eq!(meta.metadata["goog-reserved-posix-mode"], "600");
+    let again = fs.lookup(ROOT_INO, "private").await.unwrap();
+    assert_eq!(again.perm, 0o600, "after its upload");
 }

@@ -172,7 +172,7 @@ impl<S: ObjectStore> Namespace<S> {
             },
             Entry::File(m) => {
                 let posix = if self.cfg.posix_metadata {
-                    Posix::from_metadata(&m.metadata)
+                    self.cfg.trusted_posix(Posix::from_metadata(&m.metadata))
                 } else {
                     Posix::default()
                 };

@@ -542,6 +542,7 @@ impl<S: ObjectStore> Volume<S> {
         } else {
             let flags = CreateFlags {
                 exclusive: opts.create_new,
+                mode: None,
             };
             let created = self.fs.create_with(parent.ino, &name, flags).await;
             created.map(|(attr, opened)| (attr, Some(opened.fh)))
