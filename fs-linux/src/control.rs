@@ -1,7 +1,7 @@
 //! The control socket: how `bucketdrive status` and `unmount` talk to a running mount.
 //!
-//! The daemon listens on `<registry>/<tag>.sock`, where the tag is a checksum of the
-//! mountpoint, so the CLI finds it from the mountpoint alone. The registry is a per-user
+//! The daemon listens on `<registry>/<tag>.sock`, where the tag is a hash of the mountpoint,
+//! so the CLI finds it from the mountpoint alone. The registry is a per-user
 //! directory of ours (0700, so only the mount's owner can ask; the socket is 0600 too):
 //! `/run/bucketdrive` for root; for anyone else the first usable of
 //! `$XDG_RUNTIME_DIR/bucketdrive`, `/run/user/UID/bucketdrive` and
@@ -67,10 +67,14 @@ fn prepare_registry(dir: &Path) -> std::io::Result<()> {
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 
-/// The socket's name in a registry directory.
+/// The socket's name in a registry directory: 128 bits of the mountpoint's SHA-256, so two
+/// mounts never share one (a 32-bit checksum let two mountpoints collide, and the second
+/// mount's start replaced the first one's socket).
 fn socket_name(mountpoint: &Path) -> String {
-    let tag = crc32c::crc32c(mountpoint.as_os_str().as_encoded_bytes());
-    format!("{tag:08x}.sock")
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(mountpoint.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}.sock")
 }
 
 /// A listening control socket; removed on drop.

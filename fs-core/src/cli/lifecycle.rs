@@ -90,6 +90,11 @@ pub struct Control {
     draining: Arc<AtomicBool>,
 }
 
+/// The longest control request read, in bytes.
+pub const CONTROL_REQUEST_MAX: u64 = 256;
+/// How long a control connection may take to send its request.
+pub const CONTROL_REQUEST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Control {
     /// Whether `unmount --no-wait` asked to leave pending uploads staged.
     pub fn skip_drain(&self) -> bool {
@@ -104,13 +109,20 @@ impl Control {
         S: ObjectStore,
         C: tokio::io::AsyncRead + tokio::io::AsyncWrite,
     {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
         let (r, mut w) = tokio::io::split(channel);
         let mut line = String::new();
-        tokio::io::BufReader::new(r)
-            .read_line(&mut line)
+        // Requests are one short word: a peer may send no more than a line of this, and must
+        // send it promptly, or it is dropped. Connections are the owner's only, but one that
+        // never ends its line must not hold a task and a descriptor for ever.
+        let mut reader = tokio::io::BufReader::new(r.take(CONTROL_REQUEST_MAX));
+        tokio::time::timeout(CONTROL_REQUEST_WAIT, reader.read_line(&mut line))
             .await
+            .ok()?
             .ok()?;
+        if !line.ends_with('\n') {
+            return None;
+        }
         let reply = self.answer(fs, &line).await;
         let _ = w.write_all(reply.as_bytes()).await;
         Some(line.trim().to_string())
@@ -183,5 +195,41 @@ fn finish_read_cache<S: ObjectStore>(fs: &Filesystem<S>) {
         tracing::warn!(
             "the read cache could not be written in time; some of it will be fetched again"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn fs() -> Arc<Filesystem<MemoryStore>> {
+        Arc::new(Filesystem::new(
+            Arc::new(MemoryStore::new()),
+            crate::config::MountConfig::new("bkt"),
+        ))
+    }
+
+    /// A control request is one short line, sent promptly: an endless line or a silent peer
+    /// is dropped instead of holding a task and a descriptor for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_control_connection_is_bounded_in_size_and_time() {
+        let (fs, control) = (fs(), Control::default());
+        let (mut peer, ours) = tokio::io::duplex(64 * 1024);
+        peer.write_all(&[b'x'; 10_000]).await.unwrap();
+        assert_eq!(control.converse(&fs, ours).await, None, "an endless line");
+
+        let (_silent, ours) = tokio::io::duplex(1024);
+        let started = tokio::time::Instant::now();
+        assert_eq!(control.converse(&fs, ours).await, None, "a silent peer");
+        assert!(started.elapsed() >= CONTROL_REQUEST_WAIT);
+
+        let (mut peer, ours) = tokio::io::duplex(64 * 1024);
+        peer.write_all(b"status\n").await.unwrap();
+        assert_eq!(control.converse(&fs, ours).await.as_deref(), Some("status"));
+        let mut reply = String::new();
+        peer.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with('{') && reply.ends_with('\n'), "{reply}");
     }
 }

@@ -176,19 +176,22 @@ fn build(
     let filter = filter(&common.log_level, quiet_targets)?;
     let (writer, sink) = match (common.log_file.as_deref(), destination) {
         (Some(path), _) => (
-            BoxMakeWriter::new(open_log_file(path)?),
+            BoxMakeWriter::new(OneLine(open_log_file(path)?)),
             Sink::File(path.to_path_buf()),
         ),
         (None, Destination::Attached) => {
             use std::io::IsTerminal;
             let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            (BoxMakeWriter::new(std::io::stderr), Sink::Stderr { ansi })
+            (
+                BoxMakeWriter::new(OneLine(std::io::stderr)),
+                Sink::Stderr { ansi },
+            )
         }
         (None, Destination::Detached(DetachedLog::File(path, file))) => {
-            (BoxMakeWriter::new(file), Sink::File(path))
+            (BoxMakeWriter::new(OneLine(file)), Sink::File(path))
         }
         (None, Destination::Detached(DetachedLog::Syslog(path))) => (
-            BoxMakeWriter::new(SyslogSink::connect(&path)?),
+            BoxMakeWriter::new(OneLine(SyslogSink::connect(&path)?)),
             Sink::Syslog(path),
         ),
         (None, Destination::Detached(DetachedLog::Nothing)) => {
@@ -260,26 +263,115 @@ fn is_socket(path: &Path) -> bool {
     }
 }
 
-/// Opens `path` for appending, readable only by its owner. A file an earlier version created
-/// 0644 is narrowed to 0600 when it is ours (through the descriptor, so a symlink swapped in
-/// meanwhile cannot redirect the change).
+/// Opens `path` for appending, readable only by its owner.
+///
+/// The mount often runs as root, so the path must not lead it anywhere else: a symbolic link
+/// (not followed), a device or FIFO, a file with other hard links (one planted as a link to
+/// `/etc/shadow` in a directory the attacker can write), or someone else's file are refused,
+/// all checked on the opened descriptor. A file of ours an earlier version created 0644 is
+/// narrowed to 0600 through the descriptor too.
 fn open_log_file(path: &Path) -> Result<std::sync::Mutex<std::fs::File>, String> {
     let fail = |e: std::io::Error| format!("cannot open log file {}: {e}", path.display());
-    let file = crate::platform::private_file(std::fs::OpenOptions::new().create(true).append(true))
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Not blocking on a FIFO: it is refused below.
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = crate::platform::private_file(&mut options)
         .open(path)
-        .map_err(fail)?;
+        .map_err(|e| {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                format!(
+                    "log file {} is a symbolic link, which is not followed: give the file itself",
+                    path.display()
+                )
+            } else {
+                fail(e)
+            }
+        })?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let meta = file.metadata().map_err(fail)?;
+        let refuse = |why: &str| format!("refusing log file {}: {why}", path.display());
+        if !meta.file_type().is_file() {
+            return Err(refuse("not a regular file"));
+        }
+        if meta.nlink() != 1 {
+            return Err(refuse("it has other hard links"));
+        }
         // SAFETY: geteuid cannot fail.
-        let ours = meta.uid() == unsafe { libc::geteuid() };
-        if ours && meta.mode() & 0o077 != 0 {
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid {
+            return Err(refuse(&format!(
+                "it belongs to uid {}, not to this user ({euid})",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
             file.set_permissions(std::fs::Permissions::from_mode(0o600))
                 .map_err(fail)?;
         }
     }
     Ok(std::sync::Mutex::new(file))
+}
+
+/// Every event as one line: a control character inside it (a newline or carriage return in
+/// an object name, say, which another bucket writer chose) is written escaped, so no logged
+/// value can forge a line of its own. Tabs stay, and so do escape codes, which the formatter
+/// already escapes in values and adds itself only for a colour terminal.
+struct OneLine<M>(M);
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for OneLine<M>
+{
+    type Writer = OneLineWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        OneLineWriter(self.0.make_writer())
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        OneLineWriter(self.0.make_writer_for(meta))
+    }
+}
+
+/// The writer of [`OneLine`]: the formatter hands it one whole event per write.
+struct OneLineWriter<W>(W);
+
+fn needs_escape(b: u8) -> bool {
+    (b < 0x20 && b != b'\t' && b != 0x1b) || b == 0x7f
+}
+
+impl<W: std::io::Write> std::io::Write for OneLineWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+        if !body.iter().copied().any(needs_escape) {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b if needs_escape(b) => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+                b => out.push(b),
+            }
+        }
+        if body.len() < buf.len() {
+            out.push(b'\n');
+        }
+        self.0.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// The system log as a `MakeWriter`: each event becomes one datagram, with the syslog
@@ -552,6 +644,49 @@ mod tests {
         assert!(text.contains("mounted"), "{text}");
         assert!(text.contains("op=\"list\""), "{text}");
         assert!(!text.contains('\x1b'), "escape codes in {text:?}");
+    }
+
+    /// A value another bucket writer chose (an object name with a newline) cannot forge a
+    /// log line: the event stays one line, the newline written escaped.
+    #[test]
+    fn a_logged_name_cannot_forge_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forge.log");
+        let c = common(&["--log-file", path.to_str().unwrap()]);
+        let (layer, _) = build(&c, &[], Destination::Attached).unwrap();
+        let key = "x\n2026-01-01T00:00:00Z ERROR forged\r\x07";
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            tracing::warn!(key = %key, "hidden {key}");
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        assert!(
+            text.contains("x\\n2026-01-01T00:00:00Z ERROR forged\\r\\x07"),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn a_log_file_that_is_a_link_or_not_ours_alone_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("shadow");
+        std::fs::write(&target, b"root:x:0:0\n").unwrap();
+        let link = dir.path().join("link.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = open_log_file(&link).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        let hard = dir.path().join("hard.log");
+        std::fs::hard_link(&target, &hard).unwrap();
+        let e = open_log_file(&hard).unwrap_err();
+        assert!(e.contains("hard links"), "{e}");
+        let e = open_log_file(Path::new("/dev/null")).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            b"root:x:0:0\n",
+            "untouched"
+        );
+        assert!(open_log_file(&dir.path().join("fine.log")).is_ok());
     }
 
     #[test]
