@@ -69,6 +69,13 @@ if command -v systemd-analyze >/dev/null; then
   sed "s#/usr/bin/bucketdrive#$root/usr/bin/bucketdrive#" \
     "$root/lib/systemd/system/bucketdrive@.service" > "$unit"
   MANPATH="$root/usr/share/man" systemd-analyze verify "$unit" || miss "systemd-analyze verify"
+  # The hardening, as systemd scores it (docs/mounting.md records the figure).
+  exposure=$(systemd-analyze security --offline=true "$unit" 2>/dev/null \
+    | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+  echo "deb_check: systemd-analyze security exposure of the unit: ${exposure:-unknown}"
+  if [ -z "$exposure" ] || ! awk -v e="$exposure" 'BEGIN { exit !(e <= 5.0) }'; then
+    miss "a unit exposure of at most 5.0 (systemd-analyze security)"
+  fi
 fi
 
 if [ $missing -ne 0 ]; then

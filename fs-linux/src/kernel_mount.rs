@@ -30,6 +30,10 @@ pub struct KernelOptions<'a> {
     /// Who besides the owner may use the mount.
     pub acl: SessionACL,
     pub read_only: bool,
+    /// No execve of files on the mount.
+    pub noexec: bool,
+    /// Symbolic links on the mount are not followed in path resolution.
+    pub nosymfollow: bool,
 }
 
 impl KernelOptions<'_> {
@@ -83,6 +87,12 @@ fn mount_directly(mountpoint: &Path, opts: &KernelOptions) -> io::Result<OwnedFd
     if opts.read_only {
         flags |= libc::MS_RDONLY;
     }
+    if opts.noexec {
+        flags |= libc::MS_NOEXEC;
+    }
+    if opts.nosymfollow {
+        flags |= libc::MS_NOSYMFOLLOW;
+    }
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
     let rc = unsafe {
         libc::mount(
@@ -126,6 +136,14 @@ fn run_helper(cmd: &mut Command) -> io::Result<std::process::Child> {
 
 /// Mounts through `fusermount3` and receives the device from it.
 fn mount_with_helper(mountpoint: &Path, opts: &KernelOptions) -> io::Result<OwnedFd> {
+    if opts.nosymfollow {
+        // fusermount3 (3.14) knows no such option; dropping it would give the user a mount
+        // that follows links after asking for one that does not.
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "nosymfollow needs a mount made as root: fusermount3 cannot set it",
+        ));
+    }
     let (ours, theirs) = UnixStream::pair()?;
     let mut options = vec![
         format!("fsname={}", opts.source),
@@ -137,6 +155,9 @@ fn mount_with_helper(mountpoint: &Path, opts: &KernelOptions) -> io::Result<Owne
     options.extend(opts.common());
     if opts.read_only {
         options.push("ro".into());
+    }
+    if opts.noexec {
+        options.push("noexec".into());
     }
     let mut cmd = Command::new(helper());
     cmd.arg("-o")
@@ -309,6 +330,21 @@ pub fn mount_device(p: &Path) -> Option<String> {
 
 pub fn is_mounted(p: &Path) -> bool {
     mount_device(p).is_some()
+}
+
+/// The filesystem type of the topmost mount at `p` (`fuse.bucketdrive`, `nfs4`, `ext4`…),
+/// from /proc/self/mountinfo: the field after the ` - ` separator.
+pub fn mount_type(p: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = p.to_string_lossy();
+    info.lines().rev().find_map(|l| {
+        let mp = l.split(' ').nth(4)?;
+        if unescape_mount_path(mp) != want {
+            return None;
+        }
+        let (_, after) = l.split_once(" - ")?;
+        after.split(' ').next().map(str::to_string)
+    })
 }
 
 /// Mount paths in /proc escape space, tab, newline and backslash as octal.

@@ -40,6 +40,10 @@ enum Command {
         /// Return at once; pending uploads stay staged and finish at the next mount.
         #[arg(long)]
         no_wait: bool,
+        /// Only detach a bucketdrive mount whose daemon is gone (after a crash), and leave
+        /// anything else mounted there alone; succeeds either way. The systemd unit's stop hook.
+        #[arg(long, conflicts_with = "no_wait")]
+        stale: bool,
     },
     /// Show what a mount has staged, is uploading, and has uploaded.
     Status {
@@ -95,6 +99,14 @@ pub struct MountArgs {
     /// Kernel read-ahead for the mount, so sequential reads arrive in 1 MiB requests.
     #[arg(long, value_parser = parse_size, default_value = "4MiB")]
     pub kernel_read_ahead: u64,
+    /// No program may be run from the mount (the kernel's noexec), as fstab's `noexec`.
+    #[arg(long)]
+    pub noexec: bool,
+    /// Symbolic links on the mount are not followed when resolving paths (the kernel's
+    /// nosymfollow, Linux 5.10), as fstab's `nosymfollow`. Root mounts only: fusermount3
+    /// cannot set it.
+    #[arg(long)]
+    pub nosymfollow: bool,
     /// Store chmod and chown in goog-reserved-posix-* metadata (as gsutil -P and rclone do)
     /// and show them. Without it, modes and owners come from the mount options. Whoever can
     /// write the bucket can write that metadata: see the next three options.
@@ -133,7 +145,22 @@ fn main() -> ExitCode {
         },
         Command::Unmount {
             mountpoint,
+            stale: true,
+            ..
+        } => match mount::unmount_stale(&mountpoint) {
+            Ok(what) => {
+                eprintln!("bucketdrive: {what}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bucketdrive: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Unmount {
+            mountpoint,
             no_wait,
+            ..
         } => match control::unmount_command(&mountpoint, no_wait) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

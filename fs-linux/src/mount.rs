@@ -192,6 +192,8 @@ fn serve(
         source: bucket,
         acl,
         read_only: args.common.read_only,
+        noexec: args.noexec,
+        nosymfollow: args.nosymfollow,
     };
     let fd = kernel_mount::mount(mountpoint, &kernel)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
@@ -296,6 +298,53 @@ fn announce_when_answering(mountpoint: &Path, bucket: &str, readiness: &Arc<Read
 }
 
 /// Unmounts `mountpoint`, with a clear reason when it cannot.
+/// Detaches a bucketdrive mount at `mountpoint` whose daemon is gone (the kernel answers
+/// `ENOTCONN`), as the systemd unit's stop hook does after a crash so that the restart does
+/// not find the mountpoint busy. Anything else there is left alone, and said so: another
+/// filesystem mounted at the same path (an NFS or ext4 mount the unit must never detach), a
+/// live bucketdrive mount, or nothing at all.
+pub fn unmount_stale(mountpoint: &Path) -> Result<String, String> {
+    let abs = mountpoint
+        .canonicalize()
+        .or_else(|e| match e.raw_os_error() {
+            // A dead FUSE mount cannot be resolved through; its path as given is the one.
+            Some(libc::ENOTCONN) => Ok(mountpoint.to_path_buf()),
+            _ => Err(e),
+        })
+        .unwrap_or_else(|_| mountpoint.to_path_buf());
+    let shown = abs.display();
+    let Some(kind) = kernel_mount::mount_type(&abs) else {
+        return Ok(format!("nothing is mounted at {shown}"));
+    };
+    if kind != "fuse.bucketdrive" {
+        return Ok(format!(
+            "{shown} holds a {kind} mount, not a bucketdrive one: left alone"
+        ));
+    }
+    // statfs always reaches the daemon (a stat of the root may be answered from the
+    // kernel's attribute cache): a dead connection answers ENOTCONN.
+    let answers = || -> std::io::Result<()> {
+        let path = std::ffi::CString::new(abs.as_os_str().as_encoded_bytes())
+            .map_err(std::io::Error::other)?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `path` is NUL-terminated and `st` is writable memory of the right size.
+        match unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    match answers() {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            kernel_mount::unmount(&abs, true)
+                .map_err(|e| format!("cannot detach the dead mount at {shown}: {e}"))?;
+            Ok(format!("detached the dead bucketdrive mount at {shown}"))
+        }
+        _ => Ok(format!(
+            "{shown} holds a bucketdrive mount that still answers: left alone"
+        )),
+    }
+}
+
 pub fn unmount(mountpoint: &Path) -> Result<(), String> {
     let abs = mountpoint
         .canonicalize()

@@ -14,7 +14,8 @@
 use std::ffi::OsString;
 
 /// Options meant for `mount(8)`, fstab or systemd rather than for us. The kernel flags among
-/// them (`dev`, `suid`, `exec`, …) are decided by us: every mount is `nodev,nosuid`.
+/// them (`dev`, `suid`, `exec`, …) are decided by us: every mount is `nodev,nosuid`. The two
+/// that narrow what the mount allows, `noexec` and `nosymfollow`, are flags of ours and kept.
 const IGNORED: &[&str] = &[
     "_netdev",
     "nofail",
@@ -32,7 +33,6 @@ const IGNORED: &[&str] = &[
     "suid",
     "nosuid",
     "exec",
-    "noexec",
     "atime",
     "noatime",
     "relatime",
@@ -42,7 +42,6 @@ const IGNORED: &[&str] = &[
     "lazytime",
     "strictatime",
     "symfollow",
-    "nosymfollow",
     "nousers",
     "noowner",
     "nogroup",

@@ -478,6 +478,121 @@ fn mount_t_takes_fstab_options_and_umount_finishes_uploads() -> Result<()> {
     Ok(())
 }
 
+/// fstab's `noexec` and `nosymfollow` narrow the mount as they do any other: the kernel
+/// refuses to run a program from it and to follow its links (they used to be accepted and
+/// dropped, so an fstab line that asked for them got a mount that allowed both). Mounted
+/// again without them, the same program runs, so the refusal is the option's.
+#[test]
+fn fstab_noexec_and_nosymfollow_are_honoured() -> Result<()> {
+    let (emu, _) = setup("noexec")?;
+    emu.put("noexec", "run.sh", b"#!/bin/sh\necho ran\n")?;
+    let s = Scratch::new(None)?;
+    let _on_path = OnDefaultPath::new(&s.bin())?;
+    let mnt = s.mnt();
+    let _guard = Unmounter(mnt.clone());
+    let common = format!(
+        "endpoint={},anonymous,cache_dir={},log_file={},file_mode=755",
+        emu.url(),
+        s.cache().display(),
+        s.log().display()
+    );
+    ok(
+        mount_t("noexec", &mnt, &format!("{common},noexec,nosymfollow"))?,
+        "mount",
+    )?;
+    let info = mountinfo(&mnt);
+    assert!(
+        info.contains("noexec") && info.contains("nosymfollow"),
+        "{info}"
+    );
+    let err = Command::new(mnt.join("run.sh"))
+        .output()
+        .expect_err("a program ran from a noexec mount");
+    assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+    std::os::unix::fs::symlink("run.sh", mnt.join("link"))?;
+    let err = std::fs::read(mnt.join("link")).expect_err("a link was followed");
+    assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+    ok(Command::new("umount").arg(&mnt).output()?, "umount")?;
+    wait_unmounted(&mnt, 10)?;
+
+    ok(mount_t("noexec", &mnt, &common)?, "mount without them")?;
+    let out = Command::new(mnt.join("run.sh")).output()?;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    assert_eq!(std::fs::read(mnt.join("link"))?, b"#!/bin/sh\necho ran\n");
+    ok(Command::new("umount").arg(&mnt).output()?, "umount")?;
+    wait_unmounted(&mnt, 10)?;
+    Ok(())
+}
+
+/// The systemd unit's stop hook, `bucketdrive unmount --stale MOUNTPOINT`, detaches only a
+/// bucketdrive mount whose daemon is gone. Another filesystem mounted at the unit's mountpoint
+/// (here a tmpfs, standing for an NFS or ext4 mount at `/srv`) is left mounted, as is a live
+/// bucketdrive mount; a killed daemon's dead mount is detached, so a restart finds the
+/// mountpoint free. (The unit used `umount --lazy`, which detached whatever was there.)
+#[test]
+fn the_units_stop_hook_detaches_only_a_dead_bucketdrive_mount() -> Result<()> {
+    let (emu, _) = setup("stale")?;
+    let s = Scratch::new(None)?;
+    let mnt = s.mnt();
+    let _guard = Unmounter(mnt.clone());
+    let stale = |what: &str| -> Result<String> {
+        let out = Command::new(s.bin())
+            .args(["unmount", "--stale"])
+            .arg(&mnt)
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        anyhow::ensure!(
+            out.status.success(),
+            "{what}: unmount --stale failed: {err}"
+        );
+        Ok(err)
+    };
+
+    ok(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "other"])
+            .arg(&mnt)
+            .output()?,
+        "mount tmpfs",
+    )?;
+    std::fs::write(mnt.join("theirs"), b"on the other filesystem")?;
+    let said = stale("a tmpfs")?;
+    assert!(
+        said.contains("tmpfs") && said.contains("left alone"),
+        "{said}"
+    );
+    assert!(
+        mountinfo(&mnt).contains(" - tmpfs "),
+        "the tmpfs was detached"
+    );
+    assert_eq!(
+        std::fs::read(mnt.join("theirs"))?,
+        b"on the other filesystem"
+    );
+    ok(Command::new("umount").arg(&mnt).output()?, "umount tmpfs")?;
+
+    let mut child = s
+        .mount_cmd(&emu, "stale")
+        .arg("--foreground")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !is_mounted(&mnt) {
+        anyhow::ensure!(Instant::now() < deadline, "the mount did not appear");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let said = stale("a live mount")?;
+    assert!(said.contains("still answers"), "{said}");
+    assert!(is_mounted(&mnt), "a live mount was detached");
+    child.kill()?;
+    child.wait()?;
+    let said = stale("a dead mount")?;
+    assert!(said.contains("detached"), "{said}");
+    wait_unmounted(&mnt, 10)?;
+    Ok(())
+}
+
 #[test]
 fn systemd_hears_ready_only_once_the_mount_answers() -> Result<()> {
     use std::os::unix::net::UnixDatagram;
