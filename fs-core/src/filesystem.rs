@@ -231,6 +231,20 @@ impl<S: ObjectStore> Filesystem<S> {
         Ok(names::join(&dir, name))
     }
 
+    /// The path of a name being made (created, a directory, a link, a rename's target).
+    /// Nothing is made in the mount root's parts folder: temporary upload parts live there,
+    /// hidden from listings, and start-up cleanup deletes what it holds of ours, so a user's
+    /// file there would vanish from view and could be taken for a leftover.
+    fn new_child_path(&self, parent: Ino, name: &str) -> FsResult<String> {
+        let path = self.child_path(parent, name)?;
+        if path == TEMP_DIR || path.starts_with(&format!("{TEMP_DIR}/")) {
+            return Err(FsError::PermissionDenied(format!(
+                "{TEMP_DIR} is reserved for bucketdrive's temporary upload parts"
+            )));
+        }
+        Ok(path)
+    }
+
     fn local_attr(&self, key: &str) -> Option<LocalAttr> {
         self.write.as_ref().and_then(|w| w.local_attr(key))
     }

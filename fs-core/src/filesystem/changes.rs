@@ -53,7 +53,7 @@ impl<S: ObjectStore> Filesystem<S> {
     /// made on two machines at once goes to one of them; the other gets `Exists` (I12).
     pub async fn mkdir(&self, parent: Ino, name: &str) -> FsResult<Attr> {
         self.writer()?;
-        let path = self.child_path(parent, name)?;
+        let path = self.new_child_path(parent, name)?;
         let _making = self.claiming.take(&path).ok_or(FsError::Exists)?;
         self.ensure_absent(&path).await?;
         self.put_marked(&path, true).await?;
@@ -280,7 +280,7 @@ impl<S: ObjectStore> Filesystem<S> {
     ) -> FsResult<()> {
         self.writer()?;
         let from = self.child_path(parent, name)?;
-        let to = self.child_path(new_parent, new_name)?;
+        let to = self.new_child_path(new_parent, new_name)?;
         if from == to {
             return Ok(());
         }
@@ -698,7 +698,7 @@ impl<S: ObjectStore> Filesystem<S> {
     /// gcsfuse's, see [`SYMLINK_KEY`] and docs/semantics.md).
     pub async fn symlink(&self, parent: Ino, name: &str, target: &str) -> FsResult<Attr> {
         self.writer()?;
-        let path = self.child_path(parent, name)?;
+        let path = self.new_child_path(parent, name)?;
         self.ensure_absent(&path).await?;
         let mut metadata: HashMap<String, String> =
             mtime_metadata(SystemTime::now()).into_iter().collect();

@@ -134,7 +134,7 @@ impl<S: ObjectStore> Filesystem<S> {
         flags: CreateFlags,
     ) -> FsResult<(Attr, Opened)> {
         self.writer()?;
-        let path = self.child_path(parent, name)?;
+        let path = self.new_child_path(parent, name)?;
         let key = self.ns.key_of(&path);
         let item = if flags.exclusive {
             self.create_exclusive(&path, &key).await?

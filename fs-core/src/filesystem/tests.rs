@@ -1158,3 +1158,35 @@ async fn a_new_file_keeps_the_mode_it_was_created_with() {
     let again = fs.lookup(ROOT_INO, "private").await.unwrap();
     assert_eq!(again.perm, 0o600, "after its upload");
 }
+
+/// Nothing is made in the root's parts folder through the mount: it is hidden from listings
+/// and its objects are taken for temporary parts.
+#[tokio::test]
+async fn nothing_is_made_in_the_parts_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert(
+        &format!("{TEMP_DIR}/0123456789abcdef/0000000000000001/1/00000"),
+        "part",
+    );
+    let fs = writable(&store, dir.path());
+    let refused = |r: &FsError| matches!(r, FsError::PermissionDenied(_));
+    assert!(refused(&fs.create(ROOT_INO, TEMP_DIR).await.unwrap_err()));
+    assert!(refused(&fs.mkdir(ROOT_INO, TEMP_DIR).await.unwrap_err()));
+    assert!(refused(
+        &fs.symlink(ROOT_INO, TEMP_DIR, "x").await.unwrap_err()
+    ));
+    let parts = fs.lookup(ROOT_INO, TEMP_DIR).await.unwrap();
+    assert!(refused(
+        &fs.create(parts.ino, "mine.txt").await.unwrap_err()
+    ));
+    assert!(refused(&fs.mkdir(parts.ino, "d").await.unwrap_err()));
+    let (a, h) = fs.create(ROOT_INO, "f").await.unwrap();
+    fs.release(h.fh).await;
+    let _ = a;
+    let e = fs.rename(ROOT_INO, "f", parts.ino, "f").await.unwrap_err();
+    assert!(refused(&e), "{e:?}");
+    // Elsewhere the name is an ordinary one.
+    let sub = fs.mkdir(ROOT_INO, "sub").await.unwrap();
+    assert!(fs.create(sub.ino, TEMP_DIR).await.is_ok());
+}

@@ -356,9 +356,14 @@ impl<S: ObjectStore> WriteBack<S> {
                     Some(rest) => {
                         parse_id(rest).is_none_or(|id| id < horizon && !live.contains(&id))
                     }
-                    None => SystemTime::now()
-                        .duration_since(o.updated)
-                        .is_ok_and(|age| age > FOREIGN_PARTS_AGE),
+                    // Another mount's, once old; only names of our own form, so an object
+                    // someone else put in the folder is never taken for a leftover.
+                    None => {
+                        o.key.strip_prefix(&root).is_some_and(is_part_name)
+                            && SystemTime::now()
+                                .duration_since(o.updated)
+                                .is_ok_and(|age| age > FOREIGN_PARTS_AGE)
+                    }
                 };
                 if !remove {
                     continue;
@@ -397,7 +402,63 @@ impl<S: ObjectStore> WriteBack<S> {
 }
 
 /// The version id a part name starts with (`<id:016x>/…`).
+/// Whether `rest` (a key below the parts folder) has the form of a temporary part:
+/// `<tag>/<id>/<seq>/<part>` (or an earlier version's `<tag>/<id>-<seq>/<part>`), tag and id
+/// in hex (16 digits), and the part `NNNNN` or a compose level's `cL-NNNNN`.
+fn is_part_name(rest: &str) -> bool {
+    let hex16 = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let pieces: Vec<&str> = rest.split('/').collect();
+    let (tag, version, part) = match pieces.as_slice() {
+        [tag, id, seq, part] if hex16(id) && digits(seq) => (*tag, true, *part),
+        [tag, id_seq, part] => {
+            let old = id_seq
+                .split_once('-')
+                .is_some_and(|(id, seq)| hex16(id) && hex(seq));
+            (*tag, old, *part)
+        }
+        _ => return false,
+    };
+    let part_ok = digits(part)
+        || part
+            .strip_prefix('c')
+            .and_then(|p| p.split_once('-'))
+            .is_some_and(|(level, n)| digits(level) && digits(n));
+    hex16(tag) && version && part_ok
+}
+
 fn parse_id(rest: &str) -> Option<u64> {
     let (id, _) = rest.split_once('/')?;
     u64::from_str_radix(id, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_part_name;
+
+    /// Start-up cleanup removes another mount's old parts only by their form: an object
+    /// someone else put in the parts folder is never taken for one.
+    #[test]
+    fn only_names_of_our_own_form_are_parts() {
+        for part in [
+            "0123456789abcdef/0000000000000001/3/00000",
+            "0123456789abcdef/0000000000000001/12/c1-00004",
+            "0123456789abcdef/0000000000000001-1/00000",
+            "0123456789abcdef/0000000000000001-00000000/00017",
+        ] {
+            assert!(is_part_name(part), "{part}");
+        }
+        for other in [
+            "notes.txt",
+            "0123456789abcdef/notes.txt",
+            "0123456789abcdef/0000000000000001/3/report.pdf",
+            "0123456789abcdef/0000000000000001/3/00000/x",
+            "tag/0000000000000001/3/00000",
+            "0123456789abcdef/01/3/00000",
+            "",
+        ] {
+            assert!(!is_part_name(other), "{other}");
+        }
+    }
 }
