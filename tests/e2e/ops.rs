@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bucketdrive_tests::{
-    bucketdrive_bin, is_mounted, random_bytes, sha256, wait_for_object, write_and_close, Emulator,
-    Mount, Proxy, Result,
+    bucketdrive_bin, close_checked, is_mounted, random_bytes, sha256, wait_for_object,
+    write_and_close, Emulator, Mount, Proxy, Result,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -902,5 +902,87 @@ fn the_terminal_is_told_when_the_environment_picks_the_endpoint_or_a_key_is_read
         err.contains("can be read by other users"),
         "no warning about the readable key file: {err}"
     );
+    m.unmount()
+}
+
+/// Bucket writers decide content, not local permissions (`--posix-metadata`): an object whose
+/// metadata says setuid root (`104755`, uid and gid 0) shows as an ordinary file of the
+/// mount's owner, so root's `cp -a` of it makes no setuid file on the local disk; a new file
+/// keeps the mode it was created with (0600 stays private on a shared mount); and only the
+/// opt-ins show the metadata's special bits and owner.
+#[test]
+fn a_setuid_object_makes_no_setuid_file_here() -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let bucket = "suid";
+    let emu = setup(bucket)?;
+    let hostile = [
+        ("goog-reserved-posix-mode", "104755"),
+        ("goog-reserved-posix-uid", "0"),
+        ("goog-reserved-posix-gid", "0"),
+    ];
+    emu.put_with_metadata(bucket, "tool", b"#!/bin/sh\necho hi\n", &hostile)?;
+    let cache = tempfile::tempdir()?;
+    let ids = ["--uid", "1000", "--gid", "1000", "--allow-other"];
+    let mut args = vec!["--posix-metadata", "--write-back-delay", "0s"];
+    args.extend(ids);
+    let m = Mount::with_cache(&emu, bucket, cache.path(), &args)?;
+    let tool = m.path().join("tool");
+    let md = std::fs::metadata(&tool)?;
+    assert_eq!(
+        (md.mode() & 0o7777, md.uid(), md.gid()),
+        (0o755, 1000, 1000),
+        "the object's setuid bit and root owner are not shown"
+    );
+    let local = tempfile::tempdir()?;
+    let copied = local.path().join("tool");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&tool)
+        .arg(&copied)
+        .status()?;
+    assert!(status.success(), "cp -a");
+    let cmd = std::fs::metadata(&copied)?;
+    assert_eq!(
+        cmd.mode() & 0o7000,
+        0,
+        "cp -a made a setuid file: {:o}",
+        cmd.mode()
+    );
+    assert_ne!(cmd.uid(), 0, "cp -a made a root-owned file");
+
+    let private = m.path().join("private");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&private)?;
+    f.write_all(b"secret")?;
+    close_checked(f)?;
+    assert_eq!(
+        std::fs::metadata(&private)?.mode() & 0o777,
+        0o600,
+        "as created"
+    );
+    m.wait_uploaded(Duration::from_secs(30))?;
+    let meta: serde_json::Value = serde_json::from_str(&emu.metadata(bucket, "private")?)?;
+    assert_eq!(
+        meta["metadata"]["goog-reserved-posix-mode"], "600",
+        "the object keeps the mode: {meta}"
+    );
+    m.unmount()?;
+
+    // The opt-ins show what the metadata says.
+    let mut args = vec![
+        "--posix-metadata",
+        "--posix-special-modes",
+        "--posix-uids",
+        "0",
+        "--posix-gids",
+        "0",
+    ];
+    args.extend(ids);
+    let m = Mount::with_cache(&emu, bucket, cache.path(), &args)?;
+    let md = std::fs::metadata(m.path().join("tool"))?;
+    assert_eq!((md.mode() & 0o7777, md.uid(), md.gid()), (0o4755, 0, 0));
     m.unmount()
 }

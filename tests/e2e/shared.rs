@@ -169,41 +169,6 @@ fn names_in(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(v)
 }
 
-/// Writes an object directly with custom metadata (a multipart upload, as gsutil and rclone
-/// send one), e.g. `goog-reserved-file-mtime`.
-fn put_with_metadata(
-    emu: &Emulator,
-    bucket: &str,
-    key: &str,
-    data: &[u8],
-    metadata: &[(&str, &str)],
-) -> Result<()> {
-    let meta: serde_json::Map<String, serde_json::Value> = metadata
-        .iter()
-        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
-        .collect();
-    let resource = serde_json::json!({ "name": key, "metadata": meta });
-    let boundary = "bucketdrive-test-boundary-7f3a";
-    let mut body = Vec::with_capacity(data.len() + 512);
-    body.extend_from_slice(
-        format!(
-            "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{resource}\r\n\
-             --{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
-        )
-        .as_bytes(),
-    );
-    body.extend_from_slice(data);
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    ureq::post(&format!("{}/upload/storage/v1/b/{bucket}/o", emu.url()))
-        .query("uploadType", "multipart")
-        .set(
-            "Content-Type",
-            &format!("multipart/related; boundary={boundary}"),
-        )
-        .send_bytes(&body)?;
-    Ok(())
-}
-
 /// Pseudo-random bytes, fast even in a debug build (xorshift), different per `seed`.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -790,8 +755,7 @@ fn same_size_replacement(bucket: &str, extra: &[&str]) -> Result<()> {
     let v1 = random_bytes(MIB, 71);
     let v2 = random_bytes(MIB, 72);
     let v3 = random_bytes(MIB, 73);
-    put_with_metadata(
-        &emu,
+    emu.put_with_metadata(
         bucket,
         "f",
         &v1,
@@ -836,8 +800,7 @@ fn same_size_replacement(bucket: &str, extra: &[&str]) -> Result<()> {
     }
 
     // As gsutil rsync and rclone upload: the mtime in metadata.
-    put_with_metadata(
-        &emu,
+    emu.put_with_metadata(
         bucket,
         "f",
         &v3,

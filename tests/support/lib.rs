@@ -157,6 +157,42 @@ impl Emulator {
         Ok(())
     }
 
+    /// Writes an object directly to the bucket with custom metadata, as gsutil and rclone do
+    /// (a multipart upload: the resource, then the bytes).
+    pub fn put_with_metadata(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: &[u8],
+        metadata: &[(&str, &str)],
+    ) -> Result<()> {
+        let meta: serde_json::Map<String, serde_json::Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        let resource = serde_json::json!({ "name": key, "metadata": meta });
+        let boundary = "bucketdrive-test-boundary-7f3a";
+        let mut body = Vec::with_capacity(data.len() + 512);
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{resource}\r\n\
+                 --{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        self.agent
+            .post(&format!("{}/upload/storage/v1/b/{bucket}/o", self.url()))
+            .query("uploadType", "multipart")
+            .set(
+                "Content-Type",
+                &format!("multipart/related; boundary={boundary}"),
+            )
+            .send_bytes(&body)?;
+        Ok(())
+    }
+
     /// Reads an object directly from the bucket; `None` if there is no such object.
     pub fn get_opt(&self, bucket: &str, key: &str) -> Result<Option<Vec<u8>>> {
         match self.get(bucket, key) {
