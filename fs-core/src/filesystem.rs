@@ -117,6 +117,7 @@ fn local_entry(key: &str, la: LocalAttr) -> Entry {
     let mut metadata = HashMap::new();
     la.posix.to_metadata(&mut metadata);
     Entry::File(Arc::new(ObjectMeta {
+        metadata_trimmed: false,
         key: key.to_string(),
         generation: 0,
         metageneration: 0,
@@ -237,12 +238,21 @@ impl<S: ObjectStore> Filesystem<S> {
     /// file there would vanish from view and could be taken for a leftover.
     fn new_child_path(&self, parent: Ino, name: &str) -> FsResult<String> {
         let path = self.child_path(parent, name)?;
-        if path == TEMP_DIR || path.starts_with(&format!("{TEMP_DIR}/")) {
+        Self::not_reserved(&path)?;
+        Ok(path)
+    }
+
+    /// `EACCES` for a path in a parts folder: the mount root's, or (seen from a mount of the
+    /// whole bucket) that of a mount of a prefix, `PREFIX/.bucketdrive-parts`. Nothing there
+    /// may be made, changed, renamed or removed through the mount: those objects are other
+    /// uploads' temporary parts, in flight.
+    fn not_reserved(path: &str) -> FsResult<()> {
+        if path.split('/').any(|c| c == TEMP_DIR) {
             return Err(FsError::PermissionDenied(format!(
                 "{TEMP_DIR} is reserved for bucketdrive's temporary upload parts"
             )));
         }
-        Ok(path)
+        Ok(())
     }
 
     fn local_attr(&self, key: &str) -> Option<LocalAttr> {

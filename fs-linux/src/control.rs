@@ -119,7 +119,17 @@ pub fn serve<S: ObjectStore>(
     };
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     rt.spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, say: back off and keep answering later, or status
+                    // and the drain before an unmount would be gone for good.
+                    tracing::warn!(error = %e, "control socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let (fs, control) = (fs.clone(), control.clone());
             tokio::spawn(async move {
                 control.converse(&fs, stream).await;

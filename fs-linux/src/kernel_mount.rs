@@ -91,6 +91,14 @@ fn mount_directly(mountpoint: &Path, opts: &KernelOptions) -> io::Result<OwnedFd
         flags |= libc::MS_NOEXEC;
     }
     if opts.nosymfollow {
+        // Before Linux 5.10 the flag is unknown and silently ignored: refuse rather than give
+        // a mount that follows links after one that does not was asked for.
+        if !kernel_at_least(5, 10) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "nosymfollow needs Linux 5.10 or later",
+            ));
+        }
         flags |= libc::MS_NOSYMFOLLOW;
     }
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
@@ -107,6 +115,21 @@ fn mount_directly(mountpoint: &Path, opts: &KernelOptions) -> io::Result<OwnedFd
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// Whether the running kernel is at least `major.minor` (from `uname`; false if unknown).
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let (Some(Ok(a)), Some(Ok(b))) = (
+        parts.next().map(str::parse::<u32>),
+        parts.next().map(str::parse::<u32>),
+    ) else {
+        return false;
+    };
+    (a, b) >= (major, minor)
 }
 
 /// The environment variable through which fusermount3 finds its socket.

@@ -304,14 +304,16 @@ fn announce_when_answering(mountpoint: &Path, bucket: &str, readiness: &Arc<Read
 /// filesystem mounted at the same path (an NFS or ext4 mount the unit must never detach), a
 /// live bucketdrive mount, or nothing at all.
 pub fn unmount_stale(mountpoint: &Path) -> Result<String, String> {
-    let abs = mountpoint
-        .canonicalize()
-        .or_else(|e| match e.raw_os_error() {
-            // A dead FUSE mount cannot be resolved through; its path as given is the one.
-            Some(libc::ENOTCONN) => Ok(mountpoint.to_path_buf()),
-            _ => Err(e),
-        })
-        .unwrap_or_else(|_| mountpoint.to_path_buf());
+    // A dead FUSE mount cannot be resolved through: resolve its parent, and add its name.
+    let abs = mountpoint.canonicalize().unwrap_or_else(|_| {
+        match (mountpoint.parent(), mountpoint.file_name()) {
+            (Some(parent), Some(name)) => parent
+                .canonicalize()
+                .map(|p| p.join(name))
+                .unwrap_or_else(|_| mountpoint.to_path_buf()),
+            _ => mountpoint.to_path_buf(),
+        }
+    });
     let shown = abs.display();
     let Some(kind) = kernel_mount::mount_type(&abs) else {
         return Ok(format!("nothing is mounted at {shown}"));

@@ -113,7 +113,7 @@ async fn answer(
     let mut head = Vec::with_capacity(1024);
     let read = async {
         let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
             if head.len() >= MAX_HEADER_BYTES {
                 return Err(std::io::Error::other("request headers too long"));
             }

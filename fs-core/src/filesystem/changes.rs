@@ -166,7 +166,7 @@ impl<S: ObjectStore> Filesystem<S> {
 
     pub async fn rmdir(&self, parent: Ino, name: &str) -> FsResult<()> {
         self.writer()?;
-        let path = self.child_path(parent, name)?;
+        let path = self.new_child_path(parent, name)?;
         match self.entry_at(&path).await? {
             Entry::File(_) => return Err(FsError::NotDir),
             Entry::Dir => {}
@@ -191,7 +191,7 @@ impl<S: ObjectStore> Filesystem<S> {
     /// gone, so a failed delete loses nothing.
     pub async fn unlink(&self, parent: Ino, name: &str) -> FsResult<()> {
         let w = self.writer()?;
-        let path = self.child_path(parent, name)?;
+        let path = self.new_child_path(parent, name)?;
         let key = self.ns.key_of(&path);
         let paused = w.pause(&key).await;
         let result = self
@@ -280,6 +280,7 @@ impl<S: ObjectStore> Filesystem<S> {
     ) -> FsResult<()> {
         self.writer()?;
         let from = self.child_path(parent, name)?;
+        Self::not_reserved(&from)?;
         let to = self.new_child_path(new_parent, new_name)?;
         if from == to {
             return Ok(());

@@ -19,7 +19,7 @@ use super::{local_entry, CreateFlags, FileIo, Filesystem, OpenFile, OpenMode, Op
 use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::read::Reader;
-use crate::store::{ObjectStore, Posix, Precondition, WRITER_KEY};
+use crate::store::{ObjectMeta, ObjectStore, Posix, Precondition, WRITER_KEY};
 use crate::write::writeback::{ItemRef, LocalAttr, WriteBack};
 
 impl<S: ObjectStore> Filesystem<S> {
@@ -85,6 +85,7 @@ impl<S: ObjectStore> Filesystem<S> {
         key: &str,
         truncate: bool,
     ) -> FsResult<ItemRef> {
+        Self::not_reserved(path)?;
         let w = self.writer()?;
         if let Some(item) = w.open_existing(key).await {
             // A held file (a write to it failed) is emptied too: rewriting it whole is what
@@ -105,12 +106,26 @@ impl<S: ObjectStore> Filesystem<S> {
                 self.ns.detach(path);
                 return Err(FsError::Stale);
             }
+            Ok(Entry::File(m)) if m.metadata_trimmed => Some(self.whole_meta(path, key, &m).await?),
             Ok(Entry::File(m)) => Some(m),
             Ok(Entry::Dir) => return Err(FsError::IsDir),
             Err(FsError::NotFound) => None,
             Err(e) => return Err(e),
         };
         w.open(key, base.as_deref(), truncate).await
+    }
+
+    /// The object `m` at `path` with all its custom metadata, which the caches trimmed: its
+    /// upload keeps what other tools attached to it (one request, only for objects that carry
+    /// metadata we do not read). Another generation there now is someone else's replacement.
+    async fn whole_meta(&self, path: &str, key: &str, m: &ObjectMeta) -> FsResult<Arc<ObjectMeta>> {
+        let whole = self.ns.store().head(key).await?;
+        if whole.generation != m.generation {
+            self.ns.forget_tree(path);
+            self.ns.detach(path);
+            return Err(FsError::Stale);
+        }
+        Ok(Arc::new(whole))
     }
 
     fn staged_handle(&self, ino: Ino, item: ItemRef, writable: bool) -> Opened {

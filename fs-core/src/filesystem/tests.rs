@@ -1186,7 +1186,118 @@ async fn nothing_is_made_in_the_parts_folder() {
     let _ = a;
     let e = fs.rename(ROOT_INO, "f", parts.ino, "f").await.unwrap_err();
     assert!(refused(&e), "{e:?}");
-    // Elsewhere the name is an ordinary one.
+    // What is there cannot be changed, renamed or removed either.
+    let part = "0123456789abcdef";
+    let tag = fs.lookup(parts.ino, part).await.unwrap();
+    assert!(refused(&fs.rmdir(parts.ino, part).await.unwrap_err()));
+    let e = fs
+        .rename(ROOT_INO, TEMP_DIR, ROOT_INO, "mine")
+        .await
+        .unwrap_err();
+    assert!(refused(&e), "{e:?}");
+    assert!(refused(&fs.rmdir(ROOT_INO, TEMP_DIR).await.unwrap_err()));
+    let id = fs.lookup(tag.ino, "0000000000000001").await.unwrap();
+    let seq = fs.lookup(id.ino, "1").await.unwrap();
+    let obj = fs.lookup(seq.ino, "00000").await.unwrap();
+    assert!(refused(&fs.unlink(seq.ino, "00000").await.unwrap_err()));
+    assert!(refused(&fs.open(obj.ino, W).await.unwrap_err()));
+    assert_eq!(
+        store
+            .object_bytes(&format!(
+                "{TEMP_DIR}/0123456789abcdef/0000000000000001/1/00000"
+            ))
+            .unwrap(),
+        "part".as_bytes()
+    );
+    // A mount of a prefix keeps its parts in PREFIX/.bucketdrive-parts: reserved there too.
     let sub = fs.mkdir(ROOT_INO, "sub").await.unwrap();
-    assert!(fs.create(sub.ino, TEMP_DIR).await.is_ok());
+    assert!(refused(&fs.create(sub.ino, TEMP_DIR).await.unwrap_err()));
+}
+
+/// A hostile (or just busy) bucket writer attaches kilobytes of custom metadata to every
+/// object: the mount keeps only the keys it reads, so listing many such objects costs memory
+/// by the name, and an upload of a modified file still keeps every key another tool wrote
+/// (one extra request at the open for writing, for such objects only).
+#[tokio::test]
+async fn only_the_metadata_we_read_is_kept_and_an_upload_keeps_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let big = "x".repeat(8 * 1024);
+    let metadata: HashMap<String, String> = [
+        ("owner-notes".to_string(), big.clone()),
+        (
+            "goog-reserved-file-mtime".to_string(),
+            "1600000000".to_string(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let opts = crate::store::WriteOptions {
+        metadata: metadata.clone(),
+        ..Default::default()
+    };
+    for name in ["a", "b"] {
+        store
+            .put(
+                name,
+                Bytes::from_static(b"hello"),
+                Precondition::None,
+                &opts,
+            )
+            .await
+            .unwrap();
+    }
+    store.insert("plain", "plain");
+    let mut cfg = MountConfig::new("bkt");
+    cfg.stat_ttl = Duration::from_secs(60);
+    let fs = Filesystem::with_write(store.clone(), cfg, wcfg(dir.path(), 0)).unwrap();
+    // Through a listing and through a lookup alike.
+    let fh = fs.opendir(ROOT_INO).await.unwrap().fh;
+    let mut offset = 0;
+    loop {
+        let batch = fs.readdir(fh, offset).await.unwrap();
+        let Some(last) = batch.last() else { break };
+        offset = last.offset;
+    }
+    fs.releasedir(fh);
+    for name in ["a", "b"] {
+        let attr = fs.lookup(ROOT_INO, name).await.unwrap();
+        let kept = fs.ns.current_meta(attr.ino).expect("a file");
+        assert!(kept.metadata_trimmed, "{name}");
+        assert!(
+            !kept.metadata.contains_key("owner-notes"),
+            "{name} keeps 8 KiB nobody reads"
+        );
+        assert_eq!(kept.metadata["goog-reserved-file-mtime"], "1600000000");
+        assert_eq!(
+            attr.mtime,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000)
+        );
+    }
+    let heads = || store.counts.head.load(std::sync::atomic::Ordering::SeqCst);
+    let plain = fs.lookup(ROOT_INO, "plain").await.unwrap();
+    let before = heads();
+    let h = fs.open(plain.ino, W).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(
+        heads(),
+        before,
+        "an object without extra metadata costs no extra request"
+    );
+
+    let a = fs.lookup(ROOT_INO, "a").await.unwrap();
+    let before = heads();
+    let h = fs.open(a.ino, W).await.unwrap();
+    assert_eq!(heads(), before + 1, "one request for the whole metadata");
+    fs.write(h.fh, 5, b", world").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    fs.drain(false).await;
+    assert_eq!(&store.object_bytes("a").unwrap()[..], b"hello, world");
+    let up = store.head("a").await.unwrap();
+    assert_eq!(
+        up.metadata.get("owner-notes"),
+        Some(&big),
+        "the upload keeps every key"
+    );
 }

@@ -46,6 +46,9 @@ impl Entry {
     }
 }
 
+/// Bytes of name and metadata one unit of the stat cache's capacity stands for.
+const STAT_ENTRY_BYTES: usize = 512;
+
 /// The metadata caches of one mount.
 pub struct MetaCache {
     /// Each entry with when it was learnt: the kernel is told how much of the TTL is left, so
@@ -87,8 +90,23 @@ impl MetaCache {
         MetaCache {
             stat_ttl,
             known: LastKnown::new(last_known_bytes),
+            // Weighed by size, in units of an ordinary entry: a long name or a link's target
+            // counts for more, so the cache is bounded in bytes as well as in names.
             stat: Cache::builder()
                 .max_capacity(capacity)
+                .weigher(|key: &String, (entry, _): &(Entry, Instant)| {
+                    let meta = match entry {
+                        Entry::Dir => 0,
+                        Entry::File(m) => {
+                            m.key.len()
+                                + m.metadata
+                                    .iter()
+                                    .map(|(k, v)| k.len() + v.len())
+                                    .sum::<usize>()
+                        }
+                    };
+                    u32::try_from(1 + (key.len() + meta) / STAT_ENTRY_BYTES).unwrap_or(u32::MAX)
+                })
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
                 .support_invalidation_closures()
                 .build(),
@@ -374,6 +392,7 @@ mod tests {
         );
         let file = |generation| {
             Entry::File(Arc::new(ObjectMeta {
+                metadata_trimmed: false,
                 key: "f".into(),
                 generation,
                 metageneration: 1,

@@ -215,7 +215,7 @@ impl<S: ObjectStore> Namespace<S> {
                 Some(Entry::Dir)
             }
             (true, None) => Some(Entry::Dir),
-            (false, Some(m)) => Some(Entry::File(Arc::new(m))),
+            (false, Some(m)) => Some(Entry::File(Arc::new(m.trimmed()))),
             (false, None) => None,
         })
     }

@@ -275,6 +275,7 @@ mod tests {
 
     fn file(key: &str) -> Entry {
         Entry::File(Arc::new(ObjectMeta {
+            metadata_trimmed: false,
             key: key.into(),
             generation: 1,
             metageneration: 1,

@@ -125,7 +125,8 @@ impl Listing {
                 carry.push(obj);
                 continue;
             }
-            out.push(Listed::File(name.to_string(), obj));
+            // Kept as the caches keep objects: without metadata nobody here reads.
+            out.push(Listed::File(name.to_string(), obj.trimmed()));
         }
         for name in &dirs {
             if check_component(name).is_err() {

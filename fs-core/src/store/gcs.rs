@@ -136,6 +136,16 @@ impl GcsOptions {
             Credentials::Anonymous
         } else if let Some(k) = key_file {
             notes.extend(key_file_note(&k));
+            if let Some(uri) = key_token_uri(&k) {
+                if !credentials_safe_at(&uri)? && !insecure {
+                    return Err(format!(
+                        "refusing key file {}: its token_uri {uri} would receive the key's \
+                         signed assertion (or refresh token) in clear text; use an https:// \
+                         token_uri, or --insecure-endpoint",
+                        k.display()
+                    ));
+                }
+            }
             Credentials::KeyFile(k)
         } else {
             Credentials::ApplicationDefault
@@ -181,6 +191,14 @@ fn credentials_safe_at(endpoint: &str) -> Result<bool, String> {
     })
 }
 
+/// The `token_uri` a key file names, if it can be read and names one: where the key's signed
+/// assertion (or an authorized user's refresh token) is posted for a token.
+fn key_token_uri(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json.get("token_uri")?.as_str().map(str::to_string)
+}
+
 /// A warning when the key file can be read by users other than its owner, as ssh gives for
 /// a private key: anyone who can read it can act as the service account.
 fn key_file_note(path: &std::path::Path) -> Option<String> {
@@ -215,7 +233,13 @@ impl GcsStore {
     /// Builds a client. Fails on unreadable or invalid credentials; does not touch the bucket.
     pub async fn connect(bucket: &str, opts: &GcsOptions) -> StoreResult<Self> {
         super::tls::install_crypto_provider();
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder();
+        if opts.endpoint.starts_with("http://") {
+            // Plain HTTP is allowed for credentials only because it stays on this machine: an
+            // HTTP_PROXY from the environment would carry the bearer token across the network.
+            http = http.no_proxy();
+        }
+        let http = http
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
@@ -416,6 +440,7 @@ pub(crate) fn scrub(text: &str) -> String {
 
 fn to_meta(o: Object) -> ObjectMeta {
     ObjectMeta {
+        metadata_trimmed: false,
         crc32c: o.crc32c.as_deref().and_then(decode_crc32c),
         updated: o
             .updated
@@ -799,6 +824,23 @@ mod tests {
         let o = resolve(Some("https://x"), Some("/k"), false, false, Some("h:1")).unwrap();
         assert_eq!((o.endpoint.as_str(), o.notes.len()), ("https://x", 0));
         assert_eq!(o.credentials, Credentials::KeyFile("/k".into()));
+    }
+
+    /// The key's own token endpoint receives its signed assertion (or a refresh token): the
+    /// same rule holds for it.
+    #[test]
+    fn a_key_whose_token_uri_is_plain_http_elsewhere_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.json");
+        for (uri, ok) in [
+            ("http://10.0.0.1/token", false),
+            ("http://127.0.0.1:9/token", true),
+            ("https://oauth2.googleapis.com/token", true),
+        ] {
+            std::fs::write(&key, format!("{{\"token_uri\": \"{uri}\"}}")).unwrap();
+            let r = resolve(Some("https://x"), key.to_str(), false, false, None);
+            assert_eq!(r.is_ok(), ok, "{uri}: {:?}", r.err());
+        }
     }
 
     #[cfg(unix)]

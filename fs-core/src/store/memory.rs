@@ -412,6 +412,7 @@ impl MemoryStore {
         }
         Self::check(objects, key, pre)?;
         let meta = ObjectMeta {
+            metadata_trimmed: false,
             key: key.to_string(),
             generation: self.next_generation.fetch_add(1, Ordering::SeqCst),
             metageneration: 1,

@@ -117,9 +117,42 @@ pub struct ObjectMeta {
     pub updated: SystemTime,
     pub content_type: Option<String>,
     pub metadata: HashMap<String, String>,
+    /// Some of the object's custom metadata was dropped ([`ObjectMeta::trimmed`]): whoever
+    /// needs all of it (an upload of a modified file keeps it) asks the bucket again.
+    pub metadata_trimmed: bool,
 }
 
+/// The custom metadata keys the mount reads. A bucket's writers may attach up to 8 KiB of
+/// metadata to every object; the caches and inodes of a mount listing a hundred thousand such
+/// objects keep only these, so their memory follows the number of names, not what strangers
+/// attached to them.
+pub const USED_METADATA: &[&str] = &[
+    MTIME_KEY,
+    MTIME_PRECISE_KEY,
+    POSIX_MODE_KEY,
+    POSIX_UID_KEY,
+    POSIX_GID_KEY,
+    SYMLINK_KEY,
+    WRITER_KEY,
+];
+
+/// The longest value of a used key that is kept (a link's target: `PATH_MAX`).
+pub const METADATA_VALUE_MAX: usize = 4096;
+
 impl ObjectMeta {
+    /// This object as the mount keeps it: only the [`USED_METADATA`] keys, each value at most
+    /// [`METADATA_VALUE_MAX`] bytes; `metadata_trimmed` says whether anything was dropped.
+    pub fn trimmed(mut self) -> Self {
+        let before = self.metadata.len();
+        self.metadata
+            .retain(|k, v| USED_METADATA.contains(&k.as_str()) && v.len() <= METADATA_VALUE_MAX);
+        if self.metadata.len() != before {
+            self.metadata.shrink_to_fit();
+            self.metadata_trimmed = true;
+        }
+        self
+    }
+
     /// The modification time users see: rclone's `mtime` (RFC 3339, to the nanosecond, any
     /// UTC offset) when present and valid, else `goog-reserved-file-mtime` (whole seconds, as
     /// gsutil writes it), else the object's update time.
@@ -448,6 +481,7 @@ mod tests {
     fn mtime_prefers_the_metadata_key() {
         let updated = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2_000_000_000);
         let mut m = ObjectMeta {
+            metadata_trimmed: false,
             key: "k".into(),
             generation: 1,
             metageneration: 1,
@@ -473,6 +507,7 @@ mod tests {
 
     fn meta_with(md: &[(&str, &str)]) -> ObjectMeta {
         ObjectMeta {
+            metadata_trimmed: false,
             key: "k".into(),
             generation: 1,
             metageneration: 1,

@@ -318,6 +318,7 @@ mod tests {
 
     fn id(size: u64, generation: i64) -> Identity {
         let meta = ObjectMeta {
+            metadata_trimmed: false,
             key: "dir/obj".into(),
             generation,
             metageneration: 1,

@@ -366,6 +366,7 @@ mod tests {
 
     fn id(key: &str, size: u64) -> Identity {
         let meta = ObjectMeta {
+            metadata_trimmed: false,
             key: key.into(),
             generation: 1,
             metageneration: 1,
