@@ -24,6 +24,66 @@ pub fn create_dirs(path: &Path) -> io::Result<()> {
     builder.create(path)
 }
 
+/// Makes `options` refuse a symbolic link in place of the file (`O_NOFOLLOW`): the write
+/// path's staging files and journal are ours, and a link planted in their place (to
+/// `/etc/shadow`, say) must fail to open, never be read, uploaded or truncated. Windows: no
+/// such link can be made in a directory only the user can write (see `docs/windows.md`).
+pub fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+    }
+    #[cfg(not(unix))]
+    options
+}
+
+/// Refuses a directory the mount keeps its files under when another user could swap what is
+/// there: `path` and every directory above it must belong to us or to root and be writable by
+/// nobody else, unless sticky (as `/tmp`, where only an entry's owner may rename or remove it).
+/// Checked once, on the real path; below it, bucketdrive's own directories are 0700.
+#[cfg(unix)]
+pub fn check_ancestry(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let real = path.canonicalize()?;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    for dir in real.ancestors() {
+        let meta = std::fs::metadata(dir)?;
+        let (mode, owner) = (meta.mode(), meta.uid());
+        let sticky = mode & 0o1000 != 0;
+        let why = if owner != me && owner != 0 {
+            Some(format!("it belongs to user {owner}"))
+        } else if mode & 0o022 != 0 && !sticky {
+            Some(format!(
+                "other users can write to it (mode {:o}) and it is not sticky",
+                mode & 0o7777
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is not safe to keep staged files under: {why}, so another user could \
+                     swap what bucketdrive opens there; use a directory only you (or root) can \
+                     write to, or make it sticky (chmod +t)",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Windows: the cache directory lives in the user's profile, whose ACL admits only the user,
+/// SYSTEM and Administrators (see `docs/windows.md`).
+#[cfg(not(unix))]
+pub fn check_ancestry(_path: &Path) -> io::Result<()> {
+    Ok(())
+}
+
 /// Creates `path` (see [`create_dirs`]) and makes sure it is a private directory of ours: on
 /// Unix a real directory, not a symbolic link, owned by the effective user, and mode 0700
 /// (narrowed if wider). Only for directories bucketdrive owns, never for one the user named.

@@ -986,3 +986,25 @@ fn a_setuid_object_makes_no_setuid_file_here() -> Result<()> {
     assert_eq!((md.mode() & 0o7777, md.uid(), md.gid()), (0o4755, 0, 0));
     m.unmount()
 }
+
+/// A cache directory under a directory other users can write to (not sticky) is refused at
+/// mount, in one line on the terminal: another user could swap what the mount opens there
+/// (plant journal records, or link a staging file to a file of root's). Sticky, it is used.
+#[test]
+fn a_cache_dir_others_could_swap_is_refused() -> Result<()> {
+    let emu = setup("swapdir")?;
+    let base = tempfile::tempdir()?;
+    let open = base.path().join("open");
+    std::fs::create_dir(&open)?;
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777))?;
+    let cache = open.join("cache");
+    let (m, out) = Detached::try_start(&emu, "swapdir", &cache, &[])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted anyway: {err}");
+    assert!(!is_mounted(m.path()));
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("not sticky") && err.contains("open"), "{err}");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777))?;
+    let m = Detached::start(&emu, "swapdir", &cache, &[])?;
+    m.unmount()
+}

@@ -306,6 +306,8 @@ fn startup_errors_are_one_clear_line_and_nonzero() -> Result<()> {
 
     let key = dir.path().with_extension("key.json");
     std::fs::write(&key, b"{ not a key file")?;
+    // Private, as a key file should be (one readable by others gets a warning line too).
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     let out = Command::new(bucketdrive_tests::bucketdrive_bin())
         .args(["mount", "exists"])
         .arg(dir.path())

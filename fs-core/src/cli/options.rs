@@ -48,6 +48,19 @@ impl StoreArgs {
     }
 }
 
+/// Refuses a cache directory (`dir`, or the nearest directory above it that exists) another
+/// user could swap files under: see [`crate::platform::check_ancestry`]. Staged files are
+/// uploaded as the user's, and replay trusts the journal: a directory someone else can write
+/// to would let them plant records or link a staging file to one of root's.
+fn check_dir_safe(dir: &Path) -> Result<(), String> {
+    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let existing = abs
+        .ancestors()
+        .find(|p| p.is_dir())
+        .unwrap_or(Path::new("/"));
+    crate::platform::check_ancestry(existing).map_err(|e| e.to_string())
+}
+
 /// Options of `bucketdrive mount` that mean the same on Linux and Windows.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
@@ -208,6 +221,11 @@ impl CommonArgs {
             Some(named) => CacheRoot::in_user_dir(named, &owner, self.adopt_staged),
             None => CacheRoot::default_for(&owner, mountpoint, self.adopt_staged),
         };
+        // After the layout's own refusals, which say more about an earlier version's files.
+        if decided.is_ok() && !self.read_only {
+            let dir = self.cache_dir.clone().unwrap_or_else(default_container);
+            check_dir_safe(&dir)?;
+        }
         match decided {
             Err(_) if self.read_only => {
                 let base = match &self.cache_dir {
@@ -230,6 +248,7 @@ impl CommonArgs {
         let Some(named) = &self.read_cache_dir else {
             return Ok(None);
         };
+        check_dir_safe(named)?;
         let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let root = abs(named).join(READ_CACHE_SUBDIR);
         let w = abs(&write_root.path);

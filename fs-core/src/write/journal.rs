@@ -608,8 +608,10 @@ fn read_legacy(
 
 /// Writes `live` as a new log beside the old one (not yet in place), durable; returns its length.
 fn write_new_log(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<u64> {
-    let mut f = platform::private_file(OpenOptions::new().write(true).create(true).truncate(true))
-        .open(dir.join(NEW_LOG))?;
+    let mut f = platform::private_file(platform::no_follow(
+        OpenOptions::new().write(true).create(true).truncate(true),
+    ))
+    .open(dir.join(NEW_LOG))?;
     let mut ids: Vec<&u64> = live.keys().collect();
     ids.sort();
     let mut text = String::new();
@@ -624,7 +626,7 @@ fn write_new_log(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<u64> {
 }
 
 fn open_for_append(dir: &Path) -> io::Result<File> {
-    platform::private_file(OpenOptions::new().append(true)).open(dir.join(LOG))
+    platform::private_file(platform::no_follow(OpenOptions::new().append(true))).open(dir.join(LOG))
 }
 
 /// Writes `live` as a new log, atomically and durably replacing the old one; returns it open

@@ -252,10 +252,9 @@ impl<S: ObjectStore> WriteBack<S> {
         let path = self.dir.staging_path(rec.id);
         let (size, crc) = (rec.size, rec.crc32c);
         crate::platform::blocking(move || {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)?;
+            let file =
+                crate::platform::no_follow(std::fs::OpenOptions::new().read(true).write(true))
+                    .open(&path)?;
             let len = file.metadata()?.len();
             if len < size {
                 return Err(std::io::Error::other(format!(

@@ -46,13 +46,13 @@ impl StagingFile {
     /// Creates a staging file for a file of `size` bytes, of which `present` are already valid
     /// locally (nothing, for a file that exists in the bucket; everything, for a new file).
     pub fn create(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
-        let file = platform::private_file(
+        let file = platform::private_file(platform::no_follow(
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(true),
-        )
+        ))
         .open(path)?;
         Self::sized(path, file, size, present)
     }
@@ -61,10 +61,7 @@ impl StagingFile {
     /// pool](super::staging_pool) whose name is durable: it must exist (a file made here would
     /// not have a durable name).
     pub fn open_pooled(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .truncate(true)
+        let file = platform::no_follow(OpenOptions::new().read(true).write(true).truncate(true))
             .open(path)?;
         Self::sized(path, file, size, present)
     }
@@ -127,7 +124,8 @@ impl StagingFile {
     /// The open descriptor, reopening the file if it was closed.
     fn fd(&mut self) -> io::Result<&File> {
         if self.file.is_none() {
-            let f = OpenOptions::new().read(true).write(true).open(&self.path)?;
+            let f =
+                platform::no_follow(OpenOptions::new().read(true).write(true)).open(&self.path)?;
             self.file = Some(f);
         }
         self.file
@@ -397,14 +395,14 @@ impl CrcRuns {
 pub async fn copy_prefix(from: &Path, to: &Path, len: u64) -> io::Result<StagingFile> {
     let (from, dest) = (from.to_path_buf(), to.to_path_buf());
     platform::blocking(move || {
-        let mut src = File::open(&from)?;
-        let mut dst = platform::private_file(
+        let mut src = platform::no_follow(OpenOptions::new().read(true)).open(&from)?;
+        let mut dst = platform::private_file(platform::no_follow(
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(true),
-        )
+        ))
         .open(&dest)?;
         let copied = io::copy(&mut io::Read::take(&mut src, len), &mut dst)?;
         if copied != len {
@@ -434,6 +432,54 @@ pub fn crc32c_of_file(file: &File, size: u64) -> io::Result<u32> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A link planted where a staging file goes (to a file of root's, say) is never followed:
+    /// the open fails, and the link's target is neither read nor emptied.
+    #[test]
+    fn a_link_in_place_of_a_staging_file_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("shadow");
+        std::fs::write(&target, b"root:secret\n").unwrap();
+        let planted = dir.path().join("7.data");
+        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        let e = StagingFile::open_pooled(&planted, 10, RangeSet::new()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        let e = StagingFile::create(&planted, 10, RangeSet::new()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"root:secret\n");
+    }
+
+    /// The cache directory's ancestry: nobody but us and root may be able to swap what is in
+    /// it, unless a directory is sticky.
+    #[test]
+    fn a_cache_directory_others_can_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let shared = base.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        let cache = shared.join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&shared, 0o777);
+        let e = crate::platform::check_ancestry(&cache)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not sticky") && e.contains("shared"), "{e}");
+        mode(&shared, 0o1777);
+        crate::platform::check_ancestry(&cache).unwrap();
+        mode(&shared, 0o755);
+        crate::platform::check_ancestry(&cache).unwrap();
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&shared, Some(54321), None).unwrap();
+            let e = crate::platform::check_ancestry(&cache)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("belongs to user 54321"), "{e}");
+        }
+    }
 
     #[test]
     fn sparse_fill_never_overwrites_user_bytes() {

@@ -302,14 +302,18 @@ impl Shared {
     /// A new empty file under a fresh id.
     fn make(&self) -> io::Result<u64> {
         let id = self.fresh_id();
-        platform::private_file(OpenOptions::new().write(true).create_new(true))
-            .open(self.path(id))?;
+        platform::private_file(platform::no_follow(
+            OpenOptions::new().write(true).create_new(true),
+        ))
+        .open(self.path(id))?;
         Ok(id)
     }
 
     /// Empties the file at `path` and moves it to a fresh id.
     fn reuse(&self, path: &Path) -> io::Result<u64> {
-        OpenOptions::new().write(true).open(path)?.set_len(0)?;
+        platform::no_follow(OpenOptions::new().write(true))
+            .open(path)?
+            .set_len(0)?;
         let id = self.fresh_id();
         std::fs::rename(path, self.path(id))?;
         Ok(id)
