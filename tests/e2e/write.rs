@@ -437,17 +437,14 @@ fn posix_metadata_and_touch_patch_the_object() -> Result<()> {
     let body = random_bytes(3 * MIB, 41);
     emu.put("posix", "f", &body)?;
     // The owner and group set below are ones the mount may show (others are refused).
-    let m = Mount::new(
-        &emu,
-        "posix",
-        &[
-            "--posix-metadata",
-            "--posix-uids",
-            "1234",
-            "--posix-gids",
-            "5678",
-        ],
-    )?;
+    const POSIX: [&str; 5] = [
+        "--posix-metadata",
+        "--posix-uids",
+        "1234",
+        "--posix-gids",
+        "5678",
+    ];
+    let m = Mount::new(&emu, "posix", &POSIX)?;
     let f = m.path().join("f");
     let generation = |meta: &str| {
         meta.split("\"generation\":\"")
@@ -488,18 +485,7 @@ fn posix_metadata_and_touch_patch_the_object() -> Result<()> {
     assert_eq!(sha256(&emu.get("posix", "f")?), sha256(&body));
     m.unmount()?;
 
-    // The owner and group set below are ones the mount may show (others are refused).
-    let m = Mount::new(
-        &emu,
-        "posix",
-        &[
-            "--posix-metadata",
-            "--posix-uids",
-            "1234",
-            "--posix-gids",
-            "5678",
-        ],
-    )?;
+    let m = Mount::new(&emu, "posix", &POSIX)?;
     let st = std::fs::metadata(m.path().join("f"))?;
     assert_eq!(st.mode() & 0o7777, 0o640);
     assert_eq!((st.uid(), st.gid()), (1234, 5678));

@@ -1052,15 +1052,14 @@ async fn bucket_writers_do_not_decide_local_permissions() {
         metadata: hostile,
         ..Default::default()
     };
-    store
-        .put(
-            "suid",
-            Bytes::from_static(b"#!/bin/sh\n"),
-            Precondition::None,
-            &opts,
-        )
-        .await
-        .unwrap();
+    let plant = || async {
+        let script = Bytes::from_static(b"#!/bin/sh\n");
+        store
+            .put("suid", script, Precondition::None, &opts)
+            .await
+            .unwrap();
+    };
+    plant().await;
     let mut cfg = MountConfig::new("bkt");
     cfg.posix_metadata = true;
     cfg.uid = 1000;
@@ -1111,15 +1110,7 @@ async fn bucket_writers_do_not_decide_local_permissions() {
 
     // Opted in: what the metadata says.
     let other = tempfile::tempdir().unwrap();
-    store
-        .put(
-            "suid",
-            Bytes::from_static(b"#!/bin/sh\n"),
-            Precondition::None,
-            &opts,
-        )
-        .await
-        .unwrap();
+    plant().await;
     cfg.posix_special_modes = true;
     cfg.posix_uids = vec![0];
     cfg.posix_gids = vec![0];
