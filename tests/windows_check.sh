@@ -10,5 +10,5 @@ target=x86_64-pc-windows-msvc
 export CC_x86_64_pc_windows_msvc="$PWD/tests/windows/stub-cc"
 export AR_x86_64_pc_windows_msvc="$PWD/tests/windows/stub-cc"
 cargo check -p fs-windows --target "$target" --features cross-check,exe --quiet
-cargo clippy -p fs-windows --target "$target" --features cross-check,exe --quiet -- -D warnings
+cargo clippy -p fs-windows --target "$target" --features cross-check,exe --tests --quiet -- -D warnings
 echo "fs-windows: check and clippy clean for $target"

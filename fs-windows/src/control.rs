@@ -2,8 +2,9 @@
 //!
 //! The mount listens on the named pipe `\\.\pipe\bucketdrive-<tag>`, where the tag is a
 //! checksum of the mountpoint, so the CLI finds it from the mountpoint alone. Remote clients
-//! are refused, and the pipe's default security lets only its owner, SYSTEM and
-//! Administrators write to it. One request word, one JSON status line back, as on Linux:
+//! are refused; the pipe has an explicit DACL (the user who mounted, SYSTEM, Administrators:
+//! [`crate::security::pipe_sddl`]) rather than the default one, which also lets Everyone read,
+//! and at most [`MAX_PIPE_INSTANCES`] instances, so no one can exhaust them. One request word, one JSON status line back, as on Linux:
 //! `status`, `drain` (start every pending upload now), `skip-drain` (leave pending uploads
 //! staged at unmount) and `unmount`.
 
@@ -22,20 +23,45 @@ pub fn pipe_name(mountpoint: &str) -> String {
     format!(r"\\.\pipe\bucketdrive-{key:08x}")
 }
 
+/// Most instances of the pipe at once: one listening, the rest busy answering.
+pub const MAX_PIPE_INSTANCES: usize = 8;
+
+/// Creates one instance of `pipe` with `security`'s DACL.
+fn instance(
+    pipe: &str,
+    security: &crate::security::Descriptor,
+    first: bool,
+) -> std::io::Result<tokio::net::windows::named_pipe::NamedPipeServer> {
+    let mut attrs = windows::Win32::Security::SECURITY_ATTRIBUTES {
+        nLength: std::mem::size_of::<windows::Win32::Security::SECURITY_ATTRIBUTES>() as u32,
+        lpSecurityDescriptor: security.as_ptr() as *mut _,
+        bInheritHandle: false.into(),
+    };
+    // SAFETY: `attrs` points at a valid self-relative descriptor that outlives the call.
+    unsafe {
+        ServerOptions::new()
+            .first_pipe_instance(first)
+            .reject_remote_clients(true)
+            .max_instances(MAX_PIPE_INSTANCES)
+            .create_with_security_attributes_raw(
+                pipe,
+                (&mut attrs as *mut windows::Win32::Security::SECURITY_ATTRIBUTES).cast(),
+            )
+    }
+}
+
 /// Starts answering requests on `pipe`. `unmount` is signalled when a client asks for it.
 pub fn serve<S: ObjectStore>(
     rt: &tokio::runtime::Runtime,
     fs: Arc<Filesystem<S>>,
     pipe: String,
+    security: crate::security::Descriptor,
     control: Arc<lifecycle::Control>,
     unmount: tokio::sync::mpsc::UnboundedSender<()>,
 ) -> std::io::Result<()> {
     let first = {
         let _guard = rt.enter();
-        ServerOptions::new()
-            .first_pipe_instance(true)
-            .reject_remote_clients(true)
-            .create(&pipe)?
+        instance(&pipe, &security, true)?
     };
     rt.spawn(async move {
         let mut server = first;
@@ -44,14 +70,15 @@ pub fn serve<S: ObjectStore>(
                 return;
             }
             let stream = server;
-            server = match ServerOptions::new()
-                .reject_remote_clients(true)
-                .create(&pipe)
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!("control pipe: {e}");
-                    return;
+            server = loop {
+                match instance(&pipe, &security, false) {
+                    Ok(s) => break s,
+                    Err(e) => {
+                        // All instances busy, say: try again shortly rather than stop
+                        // answering for good.
+                        tracing::warn!("control pipe: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
             };
             let (fs, control, unmount) = (fs.clone(), control.clone(), unmount.clone());

@@ -80,10 +80,16 @@ pub struct MountArgs {
     /// Show the drive as a local disk instead of a network drive.
     #[arg(long)]
     pub no_network_mode: bool,
-    /// Security descriptor every file and directory reports, in SDDL. The default gives
-    /// full access to everyone, SYSTEM and Administrators.
-    #[arg(long, default_value = security::DEFAULT_SDDL)]
-    pub security: String,
+    /// Security descriptor every file and directory reports, in SDDL. Default: full access
+    /// for the user who mounted, SYSTEM and Administrators, nobody else. Under the WinFsp
+    /// launcher (which runs the mount as SYSTEM) name the group that may use it, e.g.
+    /// "O:BAG:BAD:P(A;;FA;;;SY)(A;;FA;;;BA)(A;;FA;;;S-1-5-21-…)".
+    #[arg(long)]
+    pub security: Option<String>,
+    /// Mount only these buckets (comma-separated), refusing any other: for the WinFsp
+    /// launcher, where any user allowed to start an instance names the bucket.
+    #[arg(long, value_delimiter = ',')]
+    pub only_buckets: Vec<String>,
     /// How long Windows may cache a file's attributes before asking again.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub file_info_timeout: Duration,

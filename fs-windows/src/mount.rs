@@ -101,8 +101,20 @@ fn volume_params(args: &MountArgs, bucket: &str, read_only: bool) -> FileSystemP
 fn serve(args: &MountArgs) -> Result<(), String> {
     let common = &args.common;
     let (bucket, prefix) = fs_core::config::parse_bucket_spec(&launcher_bucket_spec(&args.bucket))?;
+    if !args.only_buckets.is_empty() && !args.only_buckets.contains(&bucket) {
+        return Err(format!(
+            "bucket {bucket} is not one this mount may serve (--only-buckets {})",
+            args.only_buckets.join(",")
+        ));
+    }
     let mountpoint = check_mountpoint(&args.mountpoint)?;
-    let security = Descriptor::from_sddl(&args.security)?;
+    let me = crate::security::current_user_sid()?;
+    let sddl = match &args.security {
+        Some(given) => given.clone(),
+        None => crate::security::files_sddl(&me),
+    };
+    let security = Descriptor::from_sddl(&sddl)?;
+    let pipe_security = Descriptor::from_sddl(&crate::security::pipe_sddl(&me))?;
     // Decided once, before anything uses the cache directory.
     let cache = common.cache_root(&bucket, &prefix, Path::new(&mountpoint))?;
     // Always attached: the WinFsp launcher runs the mount as a foreground process.
@@ -130,7 +142,14 @@ fn serve(args: &MountArgs) -> Result<(), String> {
     let control = Arc::new(lifecycle::Control::default());
     let (unmount_tx, mut unmount_rx) = tokio::sync::mpsc::unbounded_channel();
     let pipe = crate::control::pipe_name(&mountpoint);
-    if let Err(e) = crate::control::serve(&rt, fs.clone(), pipe, control.clone(), unmount_tx) {
+    if let Err(e) = crate::control::serve(
+        &rt,
+        fs.clone(),
+        pipe,
+        pipe_security,
+        control.clone(),
+        unmount_tx,
+    ) {
         tracing::warn!("no control pipe: {e}");
     }
     tracing::info!(mountpoint = %mountpoint, bucket = %bucket, "mounted");

@@ -1,15 +1,82 @@
-//! The one security descriptor every file and directory reports. A bucket has no ACLs, so
-//! Windows sees a fixed descriptor, configurable with `--security` (SDDL).
+//! The one security descriptor every file and directory reports, and the control pipe's.
+//! A bucket has no ACLs, so Windows sees a fixed descriptor, configurable with `--security`
+//! (SDDL).
+//!
+//! By default only the user who mounted, SYSTEM and Administrators may use the drive (and its
+//! control pipe): the mount holds the machine's bucket credentials, and a drive every local
+//! user could read and write would share them with everyone. Under the WinFsp launcher the
+//! mount runs as SYSTEM, so the launcher's users get in only through a `--security` that names
+//! their group (see `docs/windows.md`).
 
-use windows::core::HSTRING;
-use windows::Win32::Foundation::{LocalFree, HLOCAL};
+use windows::core::{HSTRING, PWSTR};
+use windows::Win32::Foundation::{CloseHandle, LocalFree, HANDLE, HLOCAL};
 use windows::Win32::Security::Authorization::{
-    ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
+    ConvertSidToStringSidW, ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
 };
-use windows::Win32::Security::{GetSecurityDescriptorLength, PSECURITY_DESCRIPTOR};
+use windows::Win32::Security::{
+    GetSecurityDescriptorLength, GetTokenInformation, TokenUser, PSECURITY_DESCRIPTOR, TOKEN_QUERY,
+    TOKEN_USER,
+};
+use windows::Win32::System::Threading::{GetCurrentProcess, OpenProcessToken};
 
-/// Owner and group Administrators; full access for SYSTEM, Administrators and Everyone.
-pub const DEFAULT_SDDL: &str = "O:BAG:BAD:P(A;;FA;;;SY)(A;;FA;;;BA)(A;;FA;;;WD)";
+/// The files' descriptor for the user whose SID is `me`: owner and group `me`; full access
+/// for SYSTEM, Administrators and `me`, nobody else.
+pub fn files_sddl(me: &str) -> String {
+    format!("O:{me}G:{me}D:P(A;;FA;;;SY)(A;;FA;;;BA)(A;;FA;;;{me})")
+}
+
+/// The control pipe's: full access for SYSTEM, Administrators and `me` (who started the
+/// mount); nobody else may even connect.
+pub fn pipe_sddl(me: &str) -> String {
+    format!("D:P(A;;GA;;;SY)(A;;GA;;;BA)(A;;GA;;;{me})")
+}
+
+/// The SID of the user this process runs as, in its string form (`S-1-5-21-…`, or `S-1-5-18`
+/// for SYSTEM).
+pub fn current_user_sid() -> Result<String, String> {
+    let fail = |what: &str, e: windows::core::Error| {
+        format!("cannot read this process's user ({what}): {e}")
+    };
+    let mut token = HANDLE::default();
+    // SAFETY: the pseudo-handle of the current process needs no closing; `token` is written
+    // on success and closed below.
+    unsafe { OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &mut token) }
+        .map_err(|e| fail("OpenProcessToken", e))?;
+    let result = (|| {
+        let mut len = 0u32;
+        // SAFETY: a size query: no buffer, `len` receives the size needed (the call "fails"
+        // with ERROR_INSUFFICIENT_BUFFER, which is expected).
+        let _ = unsafe { GetTokenInformation(token, TokenUser, None, 0, &mut len) };
+        let mut buf = vec![0u64; (len as usize).div_ceil(8).max(1)];
+        // SAFETY: `buf` has room for `len` bytes and is 8-aligned, as TOKEN_USER needs.
+        unsafe {
+            GetTokenInformation(
+                token,
+                TokenUser,
+                Some(buf.as_mut_ptr().cast()),
+                len,
+                &mut len,
+            )
+        }
+        .map_err(|e| fail("GetTokenInformation", e))?;
+        // SAFETY: on success the buffer starts with a TOKEN_USER whose SID points inside it.
+        let sid = unsafe { (*buf.as_ptr().cast::<TOKEN_USER>()).User.Sid };
+        let mut text = PWSTR::null();
+        // SAFETY: `sid` is valid while `buf` lives; Windows allocates `text` with LocalAlloc.
+        unsafe { ConvertSidToStringSidW(sid, &mut text) }
+            .map_err(|e| fail("ConvertSidToStringSidW", e))?;
+        // SAFETY: `text` is a NUL-terminated string Windows allocated; freed after copying.
+        let s = unsafe {
+            let s = text.to_string().map_err(|e| e.to_string());
+            let _ = LocalFree(Some(HLOCAL(text.0.cast())));
+            s
+        }?;
+        Ok(s)
+    })();
+    // SAFETY: `token` was opened above.
+    let _ = unsafe { CloseHandle(token) };
+    result
+}
 
 /// The largest descriptor that works. WinFsp first asks for a file's descriptor with a
 /// 1,024-byte buffer, and asks again with a bigger one only if told the size it needs; winfsp-rs
@@ -21,6 +88,11 @@ pub const MAX_DESCRIPTOR_BYTES: usize = 1024;
 pub struct Descriptor(Vec<u8>);
 
 impl Descriptor {
+    /// The raw self-relative descriptor (for a `SECURITY_ATTRIBUTES`).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+
     /// Parses SDDL; a bad string is a clear error at mount time.
     pub fn from_sddl(sddl: &str) -> Result<Self, String> {
         let mut psd = PSECURITY_DESCRIPTOR::default();
@@ -71,5 +143,45 @@ impl Descriptor {
             );
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windows::Win32::Security::Authorization::ConvertSecurityDescriptorToStringSecurityDescriptorW;
+    use windows::Win32::Security::{DACL_SECURITY_INFORMATION, OWNER_SECURITY_INFORMATION};
+
+    /// Nothing in this crate enforces ACLs: Windows does, from the descriptors built here. So
+    /// each is parsed back the way Windows reads it, and must grant nobody beyond the user,
+    /// SYSTEM and Administrators (no Everyone, no Users, no Authenticated Users).
+    #[test]
+    fn the_default_descriptors_admit_only_the_user_system_and_administrators() {
+        let me = current_user_sid().expect("this process has a user");
+        for sddl in [files_sddl(&me), pipe_sddl(&me)] {
+            let d = Descriptor::from_sddl(&sddl).expect("valid SDDL");
+            let mut text = PWSTR::null();
+            // SAFETY: `d` holds a valid self-relative descriptor; Windows allocates `text`.
+            unsafe {
+                ConvertSecurityDescriptorToStringSecurityDescriptorW(
+                    PSECURITY_DESCRIPTOR(d.as_ptr() as *mut _),
+                    SDDL_REVISION_1,
+                    DACL_SECURITY_INFORMATION | OWNER_SECURITY_INFORMATION,
+                    &mut text,
+                    None,
+                )
+            }
+            .expect("the descriptor converts back");
+            // SAFETY: as above; freed after copying.
+            let back = unsafe {
+                let s = text.to_string().unwrap();
+                let _ = LocalFree(Some(HLOCAL(text.0.cast())));
+                s
+            };
+            for wide in [";;;WD)", ";;;BU)", ";;;AU)", ";;;IU)"] {
+                assert!(!back.contains(wide), "{back} grants {wide}");
+            }
+            assert!(back.contains(";;;SY)") && back.contains(";;;BA)"), "{back}");
+        }
     }
 }
