@@ -145,6 +145,15 @@ pub fn parse_bucket_spec(spec: &str) -> Result<(String, String), String> {
             "invalid bucket name {bucket:?}: use lowercase letters, digits, '-', '_' and '.'"
         ));
     }
+    // A prefix is an object-name prefix, but one given on a command line never needs a quote
+    // or a control character; refusing them keeps a spec from carrying extra arguments
+    // through a launcher's quoting (WinFsp's strips quotes, not backslashes: a trailing `\`
+    // escapes its closing quote, leaving a literal `"` in the argument).
+    if let Some(c) = prefix.chars().find(|c| c.is_control() || *c == '"') {
+        return Err(format!(
+            "invalid prefix {prefix:?}: {c:?} is not allowed in a prefix here"
+        ));
+    }
     Ok((bucket.to_string(), prefix.trim_matches('/').to_string()))
 }
 
@@ -209,6 +218,13 @@ mod tests {
             ("bkt".into(), "x".into())
         );
         assert!(parse_bucket_spec("ab").is_err());
+        // What a launcher's quoting could leave in an argument carrying more arguments.
+        assert!(parse_bucket_spec("evil/x\" Y X: --security=D:P(A;;FA;;;WD)").is_err());
+        assert!(parse_bucket_spec("bkt/a\nb").is_err());
+        assert_eq!(
+            parse_bucket_spec("bkt/My Documents").unwrap(),
+            ("bkt".to_string(), "My Documents".to_string())
+        );
         assert!(parse_bucket_spec("Upper").is_err());
     }
 

@@ -38,6 +38,14 @@ pub fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
     options
 }
 
+/// Reads the whole file at `path`, refusing a symbolic link in its place (see [`no_follow`]).
+pub fn read_no_follow(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = no_follow(OpenOptions::new().read(true)).open(path)?;
+    let mut out = Vec::new();
+    io::Read::read_to_end(&mut f, &mut out)?;
+    Ok(out)
+}
+
 /// Refuses a directory the mount keeps its files under when another user could swap what is
 /// there: `path` and every directory above it must belong to us or to root and be writable by
 /// nobody else, unless sticky (as `/tmp`, where only an entry's owner may rename or remove it).
@@ -46,15 +54,25 @@ pub fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
 pub fn check_ancestry(path: &Path) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let real = path.canonicalize()?;
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    for dir in real.ancestors() {
-        let meta = std::fs::metadata(dir)?;
+    // SAFETY: geteuid and getegid cannot fail.
+    let (me, my_group) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // The path as given (a symbolic link in it is swapped by whoever can write the directory
+    // holding it, which is checked too) and the real one it leads to.
+    let given = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for dir in given.ancestors().chain(real.ancestors()) {
+        let meta = std::fs::symlink_metadata(dir)?;
         let (mode, owner) = (meta.mode(), meta.uid());
         let sticky = mode & 0o1000 != 0;
-        let why = if owner != me && owner != 0 {
+        // Group-writable is fine for the user's own group (a private group, as umask 002
+        // systems make for every user).
+        let group_writes = mode & 0o020 != 0 && meta.gid() != my_group;
+        let why = if meta.file_type().is_symlink() {
+            // Where it points is checked with the real path; the link itself can only be
+            // changed through its directory, which is checked too.
+            None
+        } else if owner != me && owner != 0 {
             Some(format!("it belongs to user {owner}"))
-        } else if mode & 0o022 != 0 && !sticky {
+        } else if (mode & 0o002 != 0 || group_writes) && !sticky {
             Some(format!(
                 "other users can write to it (mode {:o}) and it is not sticky",
                 mode & 0o7777

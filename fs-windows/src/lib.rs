@@ -88,7 +88,8 @@ pub struct MountArgs {
     pub security: Option<String>,
     /// Mount only these buckets (comma-separated), refusing any other: for the WinFsp
     /// launcher, where any user allowed to start an instance names the bucket.
-    #[arg(long, value_delimiter = ',')]
+    /// (Given once: a second --only-buckets is refused, not added to the first.)
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set)]
     pub only_buckets: Vec<String>,
     /// How long Windows may cache a file's attributes before asking again.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]

@@ -19,7 +19,7 @@ use super::{local_entry, CreateFlags, FileIo, Filesystem, OpenFile, OpenMode, Op
 use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::read::Reader;
-use crate::store::{ObjectMeta, ObjectStore, Posix, Precondition, WRITER_KEY};
+use crate::store::{ObjectMeta, ObjectStore, Posix, Precondition, StoreErrorKind, WRITER_KEY};
 use crate::write::writeback::{ItemRef, LocalAttr, WriteBack};
 
 impl<S: ObjectStore> Filesystem<S> {
@@ -119,13 +119,22 @@ impl<S: ObjectStore> Filesystem<S> {
     /// upload keeps what other tools attached to it (one request, only for objects that carry
     /// metadata we do not read). Another generation there now is someone else's replacement.
     async fn whole_meta(&self, path: &str, key: &str, m: &ObjectMeta) -> FsResult<Arc<ObjectMeta>> {
-        let whole = self.ns.store().head(key).await?;
-        if whole.generation != m.generation {
-            self.ns.forget_tree(path);
-            self.ns.detach(path);
-            return Err(FsError::Stale);
-        }
+        let whole = match self.ns.store().head(key).await {
+            Ok(whole) if whole.generation == m.generation => whole,
+            // Replaced or deleted by someone else since the mount saw it: as for any other
+            // writer's change, the kernel looks the name up again.
+            Ok(_) => return Err(self.stale(path)),
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Err(self.stale(path)),
+            Err(e) => return Err(e.into()),
+        };
         Ok(Arc::new(whole))
+    }
+
+    /// Forgets what the mount knew of `path`, whose object changed under it: `Stale`.
+    fn stale(&self, path: &str) -> FsError {
+        self.ns.forget_tree(path);
+        self.ns.detach(path);
+        FsError::Stale
     }
 
     fn staged_handle(&self, ino: Ino, item: ItemRef, writable: bool) -> Opened {

@@ -123,9 +123,9 @@ pub struct ObjectMeta {
 }
 
 /// The custom metadata keys the mount reads. A bucket's writers may attach up to 8 KiB of
-/// metadata to every object; the caches and inodes of a mount listing a hundred thousand such
-/// objects keep only these, so their memory follows the number of names, not what strangers
-/// attached to them.
+/// metadata to every object; of an object with more than [`METADATA_KEPT_WHOLE`] bytes of it,
+/// the caches and inodes keep only these, so a mount listing a hundred thousand such objects
+/// pays by the name, not by what strangers attached to them.
 pub const USED_METADATA: &[&str] = &[
     MTIME_KEY,
     MTIME_PRECISE_KEY,
@@ -136,6 +136,9 @@ pub const USED_METADATA: &[&str] = &[
     WRITER_KEY,
 ];
 
+/// Metadata up to this many bytes (keys and values) is kept whole; beyond, only the used keys.
+pub const METADATA_KEPT_WHOLE: usize = 512;
+
 /// The longest value of a used key that is kept (a link's target: `PATH_MAX`).
 pub const METADATA_VALUE_MAX: usize = 4096;
 
@@ -143,6 +146,12 @@ impl ObjectMeta {
     /// This object as the mount keeps it: only the [`USED_METADATA`] keys, each value at most
     /// [`METADATA_VALUE_MAX`] bytes; `metadata_trimmed` says whether anything was dropped.
     pub fn trimmed(mut self) -> Self {
+        let total: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if total <= METADATA_KEPT_WHOLE {
+            // What tools commonly attach (gsutil -P's times and ids, a download token) is
+            // kept whole: such an object needs no second request to be modified.
+            return self;
+        }
         let before = self.metadata.len();
         self.metadata
             .retain(|k, v| USED_METADATA.contains(&k.as_str()) && v.len() <= METADATA_VALUE_MAX);
@@ -503,6 +512,28 @@ mod tests {
             updated,
             "an unparsable value falls back to the update time"
         );
+    }
+
+    /// Small metadata, as tools commonly attach it, is kept whole (no second request to modify
+    /// the object); beyond that only the keys the mount reads stay.
+    #[test]
+    fn only_large_metadata_is_trimmed() {
+        let small = meta_with(&[
+            (
+                "firebaseStorageDownloadTokens",
+                "3f9c2e7a-1b2c-4d5e-8f90-123456789abc",
+            ),
+            (MTIME_KEY, "1600000000"),
+        ]);
+        let kept = small.clone().trimmed();
+        assert!(!kept.metadata_trimmed);
+        assert_eq!(kept.metadata, small.metadata);
+        let big = "n".repeat(METADATA_KEPT_WHOLE);
+        let large = meta_with(&[("x-note", big.as_str()), (MTIME_KEY, "1600000000")]);
+        let kept = large.trimmed();
+        assert!(kept.metadata_trimmed);
+        assert_eq!(kept.metadata.len(), 1);
+        assert_eq!(kept.metadata[MTIME_KEY], "1600000000");
     }
 
     fn meta_with(md: &[(&str, &str)]) -> ObjectMeta {

@@ -520,7 +520,7 @@ pub fn holds_records(dir: &Path) -> io::Result<bool> {
             return Ok(true);
         }
     }
-    let (live, damaged) = match std::fs::read(dir.join(LOG)) {
+    let (live, damaged) = match platform::read_no_follow(&dir.join(LOG)) {
         Ok(bytes) => replay(&bytes),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
@@ -548,7 +548,7 @@ fn replay(bytes: &[u8]) -> (HashMap<u64, Record>, usize) {
 
 /// Replays the log at `path` into live records.
 fn read_log(path: &Path, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, Record>> {
-    let bytes = match std::fs::read(path) {
+    let bytes = match platform::read_no_follow(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
         Err(e) => return Err(e),
@@ -590,7 +590,7 @@ fn read_legacy(
         if !name.ends_with(".json") {
             continue;
         }
-        match std::fs::read(&path).map(|b| serde_json::from_slice::<Record>(&b)) {
+        match platform::read_no_follow(&path).map(|b| serde_json::from_slice::<Record>(&b)) {
             Ok(Ok(rec)) => {
                 live.entry(rec.id).or_insert(rec);
                 read.push(path);

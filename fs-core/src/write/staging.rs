@@ -471,6 +471,20 @@ mod tests {
         crate::platform::check_ancestry(&cache).unwrap();
         mode(&shared, 0o755);
         crate::platform::check_ancestry(&cache).unwrap();
+        // Group-writable by the user's own group (umask 002 systems): fine.
+        mode(&shared, 0o775);
+        crate::platform::check_ancestry(&cache).unwrap();
+        // A link on the way, in a directory anyone can write to, could be repointed.
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        mode(&open, 0o777);
+        let link = open.join("via");
+        std::os::unix::fs::symlink(&shared, &link).unwrap();
+        let e = crate::platform::check_ancestry(&link.join("cache"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("open"), "{e}");
+        mode(&shared, 0o755);
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             std::os::unix::fs::chown(&shared, Some(54321), None).unwrap();

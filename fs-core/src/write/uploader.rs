@@ -162,7 +162,10 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             it.sched.uploading = true;
         }
-        let opened = crate::platform::blocking(move || std::fs::File::open(file)).await;
+        let opened = crate::platform::blocking(move || {
+            crate::platform::no_follow(std::fs::OpenOptions::new().read(true)).open(file)
+        })
+        .await;
         let record = parking_lot::Mutex::new(None::<UploadState>);
         let result = match opened {
             Ok(file) => {
