@@ -213,19 +213,7 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         it.life = Life::Unlinked;
         shared.publish(&it);
-        // Wakes an fsync waiting for this file's upload: there will be none.
-        shared.progress.send_modify(|p| p.attempts += 1);
-        it.unsaved_record = None;
-        self.drop_unsaved_file(&mut it);
-        if let Some(p) = it.pending.take() {
-            if p.id != it.work_id {
-                self.recycle(p.id);
-            }
-            if p.size >= self.cfg.upload.single_shot_threshold {
-                self.sweep_parts(p.id, None);
-            }
-        }
-        self.retire_if_settled(&shared, &mut it);
+        self.drop_unlinked(&shared, &mut it);
         Ok(true)
     }
 
@@ -377,7 +365,7 @@ impl<S: ObjectStore> WriteBack<S> {
         let idle = it.handles == 0;
         drop(it);
         if let (Some(old), Some(o)) = (&replaced, replaced_it.as_mut()) {
-            self.drop_replaced(old, o);
+            self.drop_unlinked(old, o);
         }
         drop(replaced_it);
         if reupload && idle {
@@ -389,21 +377,22 @@ impl<S: ObjectStore> WriteBack<S> {
         Ok(())
     }
 
-    /// A rename replaced the file being written in `old`, whose records the rename's journal
-    /// line removed: it is dropped, with its staged files.
-    fn drop_replaced(&self, old: &Arc<Shared>, o: &mut Item) {
-        o.life = Life::Unlinked;
-        old.progress.send_modify(|p| p.attempts += 1);
-        o.unsaved_record = None;
-        self.drop_unsaved_file(o);
-        if let Some(p) = o.pending.take() {
-            if p.id != o.work_id {
+    /// The file being written in `shared` is gone (deleted, or replaced by a rename), and the
+    /// journal line that removed its records is durable: it is dropped, with its staged files.
+    fn drop_unlinked(&self, shared: &Arc<Shared>, it: &mut Item) {
+        it.life = Life::Unlinked;
+        // Wakes an fsync waiting for this file's upload: there will be none.
+        shared.progress.send_modify(|p| p.attempts += 1);
+        it.unsaved_record = None;
+        self.drop_unsaved_file(it);
+        if let Some(p) = it.pending.take() {
+            if p.id != it.work_id {
                 self.recycle(p.id);
             }
             if p.size >= self.cfg.upload.single_shot_threshold {
                 self.sweep_parts(p.id, None);
             }
         }
-        self.retire_if_settled(old, o);
+        self.retire_if_settled(shared, it);
     }
 }
