@@ -62,8 +62,8 @@ fn registry_dirs() -> Vec<PathBuf> {
 /// (a symbolic link is refused, not followed), owned by us, mode 0700 (fixed through a
 /// descriptor opened without following links).
 fn prepare_registry(dir: &Path) -> std::io::Result<()> {
-    fs_core::platform::create_dirs(dir)
-        .and_then(|()| fs_core::platform::secure_own_dir(dir))
+    fs_core::platform::Dir::private(dir)
+        .map(drop)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 

@@ -1008,3 +1008,113 @@ fn a_cache_dir_others_could_swap_is_refused() -> Result<()> {
     let m = Detached::start(&emu, "swapdir", &cache, &[])?;
     m.unmount()
 }
+
+/// The cache directory is held open, not looked up again by path: a directory swapped in
+/// for it after the mount started (here by root, the one user the ancestry check cannot keep
+/// out) is never read or written. The planted staging file has the same length and CRC32C as
+/// the user's (CRC32C is no MAC: four chosen bytes give any CRC), so only where the upload
+/// opens the file decides what reaches the bucket.
+#[test]
+fn a_cache_dir_swapped_after_the_mount_started_is_not_used() -> Result<()> {
+    let emu = setup("heldcache")?;
+    let base = tempfile::tempdir()?;
+    let cache = base.path().join("cache");
+    let m = Mount::with_cache(&emu, "heldcache", &cache, &["--write-back-delay", "4s"])?;
+    let ours = random_bytes(100_000, 7);
+    write_and_close(&m.path().join("a.bin"), &ours)?;
+    // Before the upload starts: move our directory away and put a look-alike in its place,
+    // each staging file replaced by bytes of the same length and CRC32C.
+    let root = cache.join(SUBDIR);
+    let moved = cache.join("moved");
+    std::fs::rename(&root, &moved)?;
+    std::fs::create_dir_all(root.join("staging"))?;
+    std::fs::create_dir_all(root.join("journal"))?;
+    let mut planted = 0;
+    for entry in std::fs::read_dir(moved.join("staging"))? {
+        let entry = entry?;
+        let real = std::fs::read(entry.path())?;
+        if real.is_empty() {
+            continue;
+        }
+        let mut fake = vec![b'X'; real.len() - 4];
+        fake.extend(forge_crc32c(&fake, crc32c::crc32c(&real)));
+        assert_eq!(crc32c::crc32c(&fake), crc32c::crc32c(&real));
+        std::fs::write(root.join("staging").join(entry.file_name()), &fake)?;
+        planted += 1;
+    }
+    assert_eq!(planted, 1, "one staged file");
+    let before: Vec<_> = std::fs::read_dir(root.join("staging"))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()?;
+    // A file written after the swap goes to the held directory too.
+    write_and_close(&m.path().join("b.bin"), b"after the swap")?;
+    m.wait_uploaded(Duration::from_secs(60))?;
+    assert_eq!(sha256(&emu.get("heldcache", "a.bin")?), sha256(&ours));
+    assert_eq!(emu.get("heldcache", "b.bin")?, b"after the swap");
+    let after: Vec<_> = std::fs::read_dir(root.join("staging"))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()?;
+    assert_eq!(before, after, "the swapped-in directory was written to");
+    m.unmount()
+}
+
+/// Four bytes that, appended to `prefix`, give the whole the CRC32C `target`: CRC32C is
+/// affine over GF(2) in its input, so the 32 unit vectors span every change of it.
+fn forge_crc32c(prefix: &[u8], target: u32) -> [u8; 4] {
+    let f = |x: u32| {
+        let mut d = prefix.to_vec();
+        d.extend(x.to_le_bytes());
+        crc32c::crc32c(&d)
+    };
+    let zero = f(0);
+    // A reduced basis: (value, the bits of x that make it), leading bits distinct, descending.
+    let mut basis: Vec<(u32, u32)> = Vec::new();
+    let reduce = |basis: &[(u32, u32)], mut v: u32, mut bits: u32| {
+        for &(b, c) in basis {
+            if v ^ b < v {
+                v ^= b;
+                bits ^= c;
+            }
+        }
+        (v, bits)
+    };
+    for i in 0..32 {
+        let (v, bits) = reduce(&basis, f(1 << i) ^ zero, 1 << i);
+        if v != 0 {
+            basis.push((v, bits));
+            basis.sort_by_key(|b| std::cmp::Reverse(b.0));
+        }
+    }
+    let (rest, bits) = reduce(&basis, target ^ zero, 0);
+    assert_eq!(
+        rest, 0,
+        "CRC32C reaches every value through its last four bytes"
+    );
+    bits.to_le_bytes()
+}
+
+/// A name chosen by whoever writes to the bucket or the mount cannot forge a log line: a
+/// file named with a newline and a fake log line after it is logged escaped, on one line.
+/// (Made through the mount: the emulator cannot hold such a name for a direct writer, and
+/// GCS refuses CR and LF in names, so the mount's own requests for it are what log it.)
+#[test]
+fn a_name_with_a_newline_cannot_forge_a_log_line() -> Result<()> {
+    let emu = setup("forgelog")?;
+    let m = Mount::new(&emu, "forgelog", &["--log-level", "debug"])?;
+    let forged = "2026-01-01T00:00:00.000000Z ERROR bucketdrive: forged";
+    let name = format!("x\n{forged}\ry");
+    // Whether the bucket takes the name does not matter here, only what is logged.
+    let _ = write_and_close(&m.path().join(&name), b"payload");
+    let _ = std::fs::metadata(m.path().join(&name));
+    let _ = m.command_within(Duration::from_secs(20), "status", &["--wait"]);
+    let log = m.log_text();
+    assert!(
+        log.contains(&format!("x\\n{forged}\\ry")),
+        "the name is logged escaped:\n{log}"
+    );
+    for line in log.lines() {
+        assert!(!line.starts_with(forged), "a forged line: {line:?}");
+        assert!(!line.contains('\r'), "a carriage return: {line:?}");
+    }
+    m.unmount()
+}

@@ -28,8 +28,9 @@
 //!   its own pending files.
 //!
 //! Every directory we own is checked when opened: a real directory (not a symbolic link),
-//! owned by the effective user, narrowed to 0700 through a descriptor
-//! ([`platform::create_private_dir`]).
+//! owned by the effective user, narrowed to 0700 through a descriptor, then held: the lock,
+//! the tag, the marker, staging files and the journal are reached through the held root,
+//! `staging/` and `journal/`, never by a path looked up again ([`platform::Dir`]).
 //!
 //! Earlier versions used a named directory itself as the root. One that still holds that
 //! layout (`lock`, `staging/` and `journal/` directly in it: see `holds_earlier_layout`) is a
@@ -41,14 +42,17 @@
 //! It is refused too when two candidates hold records of this mount: one of them would be
 //! ignored.
 
-use crate::platform;
+use crate::platform::{self, At, Dir, Open};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// An open, locked cache directory.
 #[derive(Debug)]
 pub struct CacheDir {
-    root: PathBuf,
+    root: Arc<Dir>,
+    staging: Arc<Dir>,
+    journal: Arc<Dir>,
     tag: String,
     _lock: File,
 }
@@ -68,30 +72,29 @@ impl CacheDir {
     /// Like [`Self::open`]; with `legacy`, `root` is a directory the user named that holds
     /// the earlier layout: used as it is, its own mode untouched.
     pub fn open_at(root: &Path, legacy: bool) -> Result<Self, String> {
-        let mk = |p: &Path| -> Result<(), String> {
-            platform::create_private_dir(p)
-                .map_err(|e| format!("cannot use cache directory {}: {e}", p.display()))
+        let fail = |p: &Path, e: std::io::Error| {
+            format!("cannot use cache directory {}: {e}", p.display())
         };
-        if legacy {
+        let dir = if legacy {
             tracing::info!(
                 cache_dir = %root.display(),
                 "the cache directory holds the layout of an earlier version; using it as it is"
             );
+            Dir::as_is(root)
         } else {
-            mk(root)?;
+            Dir::private(root)
         }
-        mk(&root.join("staging"))?;
-        mk(&root.join("journal"))?;
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(false);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_NOFOLLOW);
-        }
-        let lock = platform::private_file(&mut options)
-            .open(root.join("lock"))
-            .map_err(|e| format!("cannot open {}: {e}", root.join("lock").display()))?;
+        .map_err(|e| fail(root, e))?;
+        let staging = dir
+            .child("staging")
+            .map_err(|e| fail(&root.join("staging"), e))?;
+        let journal = dir
+            .child("journal")
+            .map_err(|e| fail(&root.join("journal"), e))?;
+        let lock_at = dir.at("lock");
+        let lock = lock_at
+            .open(Open::new().read(true).write(true).create(true))
+            .map_err(|e| format!("cannot open {lock_at}: {e}"))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Err(format!(
@@ -102,9 +105,11 @@ impl CacheDir {
                 return Err(format!("cannot lock cache directory {}: {e}", root.display()))
             }
         }
-        let tag = mount_tag(root)?;
+        let tag = mount_tag(&dir)?;
         Ok(CacheDir {
-            root: root.to_path_buf(),
+            root: dir,
+            staging,
+            journal,
             tag,
             _lock: lock,
         })
@@ -117,19 +122,21 @@ impl CacheDir {
 
     /// Ids of every staging file present, and the paths of files that are not staging files
     /// of ours (left by a copy interrupted by a crash).
-    pub fn staging_ids(&self) -> std::io::Result<(Vec<u64>, Vec<PathBuf>)> {
+    pub fn staging_ids(&self) -> std::io::Result<(Vec<u64>, Vec<At>)> {
         let mut ids = Vec::new();
         let mut other = Vec::new();
-        for entry in std::fs::read_dir(self.root.join("staging"))? {
-            let path = entry?.path();
-            let id = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".data"))
+        for name in self.staging.names()? {
+            let Some(name) = name.to_str() else {
+                // Not a name of ours, and not one an `At` can hold: left alone.
+                tracing::debug!(name = ?name, "a file not ours in the staging directory");
+                continue;
+            };
+            let id = name
+                .strip_suffix(".data")
                 .and_then(|n| u64::from_str_radix(n, 16).ok());
             match id {
                 Some(id) => ids.push(id),
-                None => other.push(path),
+                None => other.push(self.staging.at(name)),
             }
         }
         ids.sort_unstable();
@@ -137,43 +144,48 @@ impl CacheDir {
     }
 
     pub fn root(&self) -> &Path {
-        &self.root
+        self.root.path()
     }
 
-    pub fn staging_path(&self, id: u64) -> PathBuf {
-        self.staging_dir().join(staging_file_name(id))
+    /// Staging file `id`, in the held staging directory.
+    pub fn staging(&self, id: u64) -> At {
+        self.staging.at(staging_file_name(id))
     }
 
-    pub fn staging_dir(&self) -> PathBuf {
-        self.root.join("staging")
+    /// Where staging file `id` is kept aside (`damaged`, `orphan`): not a staging file's name,
+    /// so nothing uploads or removes it.
+    pub fn staging_aside(&self, id: u64, why: &str) -> At {
+        self.staging.at(format!("{id:016x}.{why}"))
+    }
+
+    pub fn staging_dir(&self) -> &Arc<Dir> {
+        &self.staging
     }
 
     /// Makes the names of newly created staging files durable (a power loss must not leave a
     /// journal record whose staging file vanished with its directory entry).
     pub fn sync_staging_names(&self) -> std::io::Result<()> {
-        platform::sync_dir(&self.root.join("staging"))
+        self.staging.sync()
     }
 
-    pub fn journal_dir(&self) -> PathBuf {
-        self.root.join("journal")
+    pub fn journal_dir(&self) -> &Arc<Dir> {
+        &self.journal
     }
 }
 
-/// Reads the tag of the cache directory at `root`, making one the first time.
-fn mount_tag(root: &Path) -> Result<String, String> {
-    let path = root.join("mount-id");
-    if let Ok(text) = std::fs::read_to_string(&path) {
+/// Reads the tag of the cache directory `root`, making one the first time.
+fn mount_tag(root: &Arc<Dir>) -> Result<String, String> {
+    let at = root.at("mount-id");
+    if let Ok(text) = at.read() {
+        let text = String::from_utf8_lossy(&text);
         let tag = text.trim();
         if tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Ok(tag.to_string());
         }
     }
     let tag = format!("{:016x}", rand::random::<u64>());
-    let tmp = root.join("mount-id.tmp");
-    std::fs::write(&tmp, &tag)
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .and_then(|_| platform::sync_dir(root))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    at.replace_with(tag.as_bytes())
+        .map_err(|e| format!("cannot write {at}: {e}"))?;
     Ok(tag)
 }
 
@@ -233,7 +245,12 @@ pub enum Marker {
 
 /// Reads the marker of the cache directory at `root`. Only reads.
 pub fn read_marker(root: &Path) -> Marker {
-    match std::fs::read(root.join(MARKER)) {
+    parse_marker(std::fs::read(root.join(MARKER)))
+}
+
+/// What a marker's bytes, or the failure to read them, say.
+fn parse_marker(read: std::io::Result<Vec<u8>>) -> Marker {
+    match read {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Marker::Absent,
         Err(_) => Marker::Damaged,
         Ok(bytes) => match serde_json::from_slice::<Owner>(&bytes) {
@@ -247,24 +264,12 @@ pub fn read_marker(root: &Path) -> Marker {
 
 /// Writes `owner` as the marker of `root`, durably (a temporary file renamed over it, then
 /// the directory synced), before anything is staged there.
-fn write_marker(root: &Path, owner: &Owner) -> Result<(), String> {
-    let path = root.join(MARKER);
-    let mut text = serde_json::to_string(owner)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+fn write_marker(root: &Arc<Dir>, owner: &Owner) -> Result<(), String> {
+    let at = root.at(MARKER);
+    let mut text = serde_json::to_string(owner).map_err(|e| format!("cannot write {at}: {e}"))?;
     text.push('\n');
-    let tmp = root.join("owner.tmp");
-    let mut options = OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    platform::private_file(&mut options)
-        .open(&tmp)
-        .and_then(|mut f| {
-            use std::io::Write;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        })
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .and_then(|_| platform::sync_dir(root))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    at.replace_with(text.as_bytes())
+        .map_err(|e| format!("cannot write {at}: {e}"))
 }
 
 /// Errors of [`CacheDir::claim`]: the open directory's records may belong elsewhere.
@@ -309,28 +314,27 @@ impl CacheDir {
     /// records have no known owner when `adopt` says they are `owner`'s. Anything else is
     /// refused: records are never uploaded to a bucket or prefix they may not belong to.
     pub fn claim(&self, owner: &Owner, adopt: bool) -> Result<(), ClaimError> {
-        let journal = self.journal_dir();
-        let records = super::journal::holds_records(&journal).map_err(|e| {
+        let records = super::journal::holds_records_in(&self.journal).map_err(|e| {
             ClaimError::Io(format!(
                 "cannot read the journal in {}: {e}",
-                journal.display()
+                self.journal.path().display()
             ))
         })?;
-        let marker = read_marker(&self.root);
+        let marker = parse_marker(self.root.at(MARKER).read());
         match marker {
             Marker::Owner(o) if &o == owner => Ok(()),
             Marker::Owner(o) => Err(ClaimError::Theirs {
-                root: self.root.clone(),
+                root: self.root().to_path_buf(),
                 owner: o,
             }),
             Marker::Absent | Marker::Damaged if !records || adopt => {
                 if records {
-                    tracing::warn!(cache_dir = %self.root.display(), owner = %owner, "adopting files staged without a known bucket (--adopt-staged)");
+                    tracing::warn!(cache_dir = %self.root().display(), owner = %owner, "adopting files staged without a known bucket (--adopt-staged)");
                 }
                 write_marker(&self.root, owner).map_err(ClaimError::Io)
             }
             Marker::Absent | Marker::Damaged => Err(ClaimError::Unknown {
-                root: self.root.clone(),
+                root: self.root().to_path_buf(),
                 damaged: marker == Marker::Damaged,
             }),
         }
@@ -604,7 +608,8 @@ impl CacheRoot {
         if self.legacy {
             return Ok(());
         }
-        platform::create_private_dir(&self.path)
+        Dir::private(&self.path)
+            .map(drop)
             .map_err(|e| format!("cannot use cache directory {}: {e}", self.path.display()))
     }
 }
@@ -685,8 +690,8 @@ mod tests {
     fn staged_by(root: &Path, who: &Owner) {
         let c = CacheDir::open(root).unwrap();
         c.claim(who, false).unwrap();
-        std::fs::write(c.staging_path(3), b"staged").unwrap();
-        std::fs::write(c.journal_dir().join("journal.log"), b"a record\n").unwrap();
+        std::fs::write(c.staging(3).path(), b"staged").unwrap();
+        std::fs::write(c.journal_dir().path().join("journal.log"), b"a record\n").unwrap();
     }
 
     #[test]
@@ -795,8 +800,8 @@ mod tests {
     /// root, with one file staged and journaled.
     fn earlier_layout(named: &Path) -> String {
         let c = CacheDir::open(named).unwrap();
-        std::fs::write(c.staging_path(7), b"staged").unwrap();
-        std::fs::write(c.journal_dir().join("journal.log"), b"a record\n").unwrap();
+        std::fs::write(c.staging(7).path(), b"staged").unwrap();
+        std::fs::write(c.journal_dir().path().join("journal.log"), b"a record\n").unwrap();
         c.tag().to_string()
     }
 
@@ -1097,7 +1102,7 @@ mod tests {
         let named = dir.path().join("named");
         let ours = named.join(SUBDIR);
         let c = CacheDir::open(&ours).unwrap();
-        std::fs::write(c.journal_dir().join("journal.log"), b"a record\n").unwrap();
+        std::fs::write(c.journal_dir().path().join("journal.log"), b"a record\n").unwrap();
         drop(c);
         for who in [owner(), Owner::new("another", "x")] {
             let err = CacheRoot::in_user_dir(&named, &who, false).unwrap_err();
@@ -1178,7 +1183,7 @@ mod tests {
         // Earlier versions: one directory per mountpoint, no marker, records of their mount.
         let old = home.join(per_mountpoint_name(&a, Path::new("/mnt/old")));
         let c = CacheDir::open(&old).unwrap();
-        std::fs::write(c.journal_dir().join("journal.log"), b"a record\n").unwrap();
+        std::fs::write(c.journal_dir().path().join("journal.log"), b"a record\n").unwrap();
         drop(c);
         // Its name says whose it is when mounted there again: adopted, and marked.
         let there = CacheRoot::default_in(&home, &a, Path::new("/mnt/old"), false).unwrap();

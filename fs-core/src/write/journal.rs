@@ -25,9 +25,9 @@
 //! aside before anything is rewritten, never deleted. Records in the older one-file-per-record
 //! form (`*.json`) are read too, and folded into the log.
 
-use crate::platform;
+use crate::platform::{self, At, Dir, Open};
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -185,7 +185,7 @@ const COMPACT_SLACK: usize = 4096;
 /// The journal of one cache directory.
 #[derive(Debug)]
 pub struct Journal {
-    dir: PathBuf,
+    dir: Arc<Dir>,
     log: Mutex<Log>,
     /// Serializes syncs; the sequence number each one covered.
     sync: tokio::sync::Mutex<u64>,
@@ -218,18 +218,23 @@ struct Log {
 }
 
 impl Journal {
-    /// Opens the journal in `dir`, reading what is there and rewriting it compactly.
-    pub fn open(dir: &Path) -> io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
+    /// Opens the journal in the private directory at `path` (made if missing).
+    pub fn open(path: &Path) -> io::Result<Self> {
+        Self::open_in(Dir::private(path)?)
+    }
+
+    /// Opens the journal in the held directory `dir`, reading what is there and rewriting it
+    /// compactly.
+    pub fn open_in(dir: Arc<Dir>) -> io::Result<Self> {
         let mut corrupt = Vec::new();
-        let mut live = read_log(&dir.join(LOG), &mut corrupt)?;
-        let legacy = read_legacy(dir, &mut live, &mut corrupt)?;
-        let (file, len) = rewrite(dir, &live)?;
-        for path in legacy {
-            std::fs::remove_file(path)?;
+        let mut live = read_log(&dir.at(LOG), &mut corrupt)?;
+        let legacy = read_legacy(&dir, &mut live, &mut corrupt)?;
+        let (file, len) = rewrite(&dir, &live)?;
+        for at in legacy {
+            at.remove()?;
         }
         Ok(Journal {
-            dir: dir.to_path_buf(),
+            dir,
             log: Mutex::new(Log {
                 file: Arc::new(file),
                 lines: live.len(),
@@ -400,14 +405,14 @@ impl Journal {
     /// again ([`Log::dir_unsynced`]).
     fn compact(&self, log: &mut Log) -> io::Result<()> {
         let len = write_new_log(&self.dir, &log.live)?;
-        std::fs::rename(self.dir.join(NEW_LOG), self.dir.join(LOG))?;
+        self.dir.at(NEW_LOG).rename_to(&self.dir.at(LOG))?;
         log.poisoned = true;
         log.dir_unsynced = true;
         log.file = Arc::new(open_for_append(&self.dir)?);
         log.len = len;
         log.lines = log.live.len();
         log.poisoned = false;
-        platform::sync_dir(&self.dir)?;
+        self.dir.sync()?;
         log.dir_unsynced = false;
         Ok(())
     }
@@ -480,7 +485,7 @@ fn take_one(n: &std::sync::atomic::AtomicU32) -> bool {
 /// known durable, and the last change appended.
 struct SyncPoint {
     file: Arc<File>,
-    dir: Option<PathBuf>,
+    dir: Option<Arc<Dir>>,
     upto: u64,
 }
 
@@ -490,7 +495,7 @@ impl SyncPoint {
         // A compaction renamed a new log into place, but could not make the rename durable:
         // until it is, a crash would bring back the old log without the lines since.
         match &self.dir {
-            Some(dir) => platform::sync_dir(dir),
+            Some(dir) => dir.sync(),
             None => Ok(()),
         }
     }
@@ -520,7 +525,33 @@ pub fn holds_records(dir: &Path) -> io::Result<bool> {
             return Ok(true);
         }
     }
-    let (live, damaged) = match platform::read_no_follow(&dir.join(LOG)) {
+    let read = std::fs::symlink_metadata(dir.join(LOG)).and_then(|m| {
+        if m.file_type().is_symlink() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is a symbolic link", dir.join(LOG).display()),
+            ));
+        }
+        std::fs::read(dir.join(LOG))
+    });
+    log_holds_records(read)
+}
+
+/// [`holds_records`] of the held journal directory `dir`.
+pub fn holds_records_in(dir: &Arc<Dir>) -> io::Result<bool> {
+    if dir
+        .names()?
+        .iter()
+        .any(|n| n.to_string_lossy().ends_with(".json"))
+    {
+        return Ok(true);
+    }
+    log_holds_records(dir.at(LOG).read())
+}
+
+/// Whether a log's bytes (or the failure to read them) hold anything to upload.
+fn log_holds_records(read: io::Result<Vec<u8>>) -> io::Result<bool> {
+    let (live, damaged) = match read {
         Ok(bytes) => replay(&bytes),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
@@ -546,60 +577,56 @@ fn replay(bytes: &[u8]) -> (HashMap<u64, Record>, usize) {
     (live, damaged)
 }
 
-/// Replays the log at `path` into live records.
-fn read_log(path: &Path, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, Record>> {
-    let bytes = match platform::read_no_follow(path) {
+/// Replays the log `at` into live records.
+fn read_log(at: &At, corrupt: &mut Vec<PathBuf>) -> io::Result<HashMap<u64, Record>> {
+    let bytes = match at.read() {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
         Err(e) => return Err(e),
     };
     let (live, damaged) = replay(&bytes);
     if damaged > 0 {
-        let aside = path.with_extension(format!(
-            "log.corrupt-{}",
+        let aside = at.sibling(format!(
+            "{LOG}.corrupt-{}",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0)
         ));
-        std::fs::copy(path, &aside)?;
-        tracing::error!(lines = damaged, copy = %aside.display(), "damaged journal lines skipped; the log was copied aside and the staged data is kept");
-        corrupt.push(aside);
+        aside.replace_with(&bytes)?;
+        tracing::error!(lines = damaged, copy = %aside, "damaged journal lines skipped; the log was copied aside and the staged data is kept");
+        corrupt.push(aside.path());
     }
     Ok(live)
 }
 
 /// Folds records of the one-file-per-record form into `live`; returns the files read.
 fn read_legacy(
-    dir: &Path,
+    dir: &Arc<Dir>,
     live: &mut HashMap<u64, Record>,
     corrupt: &mut Vec<PathBuf>,
-) -> io::Result<Vec<PathBuf>> {
+) -> io::Result<Vec<At>> {
     let mut read = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
+    for name in dir.names()? {
+        let Some(name) = name.to_str() else { continue };
+        let at = dir.at(name);
         if name.ends_with(".json.tmp") {
-            std::fs::remove_file(&path)?;
+            at.remove()?;
             continue;
         }
-        if !name.ends_with(".json") {
+        let Some(stem) = name.strip_suffix(".json") else {
             continue;
-        }
-        match platform::read_no_follow(&path).map(|b| serde_json::from_slice::<Record>(&b)) {
+        };
+        match at.read().map(|b| serde_json::from_slice::<Record>(&b)) {
             Ok(Ok(rec)) => {
                 live.entry(rec.id).or_insert(rec);
-                read.push(path);
+                read.push(at);
             }
             _ => {
-                let aside = path.with_extension("json.corrupt");
-                std::fs::rename(&path, &aside)?;
-                tracing::error!(record = %aside.display(), "unreadable journal record set aside; its staged data is kept");
-                corrupt.push(aside);
+                let aside = dir.at(format!("{stem}.json.corrupt"));
+                at.rename_to(&aside)?;
+                tracing::error!(record = %aside, "unreadable journal record set aside; its staged data is kept");
+                corrupt.push(aside.path());
             }
         }
     }
@@ -607,11 +634,10 @@ fn read_legacy(
 }
 
 /// Writes `live` as a new log beside the old one (not yet in place), durable; returns its length.
-fn write_new_log(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<u64> {
-    let mut f = platform::private_file(platform::no_follow(
-        OpenOptions::new().write(true).create(true).truncate(true),
-    ))
-    .open(dir.join(NEW_LOG))?;
+fn write_new_log(dir: &Arc<Dir>, live: &HashMap<u64, Record>) -> io::Result<u64> {
+    let mut f = dir
+        .at(NEW_LOG)
+        .open(Open::new().write(true).create(true).truncate(true))?;
     let mut ids: Vec<&u64> = live.keys().collect();
     ids.sort();
     let mut text = String::new();
@@ -625,16 +651,16 @@ fn write_new_log(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<u64> {
     Ok(text.len() as u64)
 }
 
-fn open_for_append(dir: &Path) -> io::Result<File> {
-    platform::private_file(platform::no_follow(OpenOptions::new().append(true))).open(dir.join(LOG))
+fn open_for_append(dir: &Arc<Dir>) -> io::Result<File> {
+    dir.at(LOG).open(Open::new().append(true))
 }
 
 /// Writes `live` as a new log, atomically and durably replacing the old one; returns it open
 /// for appends, and its length.
-fn rewrite(dir: &Path, live: &HashMap<u64, Record>) -> io::Result<(File, u64)> {
+fn rewrite(dir: &Arc<Dir>, live: &HashMap<u64, Record>) -> io::Result<(File, u64)> {
     let len = write_new_log(dir, live)?;
-    std::fs::rename(dir.join(NEW_LOG), dir.join(LOG))?;
-    platform::sync_dir(dir)?;
+    dir.at(NEW_LOG).rename_to(&dir.at(LOG))?;
+    dir.sync()?;
     Ok((open_for_append(dir)?, len))
 }
 
@@ -921,7 +947,7 @@ mod tests {
         );
         drop(j);
         // A damaged line may have been a record; a record of the older form is one.
-        let mut f = OpenOptions::new()
+        let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(dir.path().join(LOG))
             .unwrap();

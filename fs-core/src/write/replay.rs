@@ -102,8 +102,10 @@ impl<S: ObjectStore> WriteBack<S> {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::error!(key = %rec.key, id = rec.id, error = %e, "staged data of a saved file is missing or damaged; it is kept aside as .damaged and not uploaded");
-                    let path = self.dir.staging_path(rec.id);
-                    let _ = std::fs::rename(&path, path.with_extension("damaged"));
+                    let _ = self
+                        .dir
+                        .staging(rec.id)
+                        .rename_to(&self.dir.staging_aside(rec.id, "damaged"));
                     self.forget_record(rec.id, false).await;
                     continue;
                 }
@@ -124,7 +126,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 key: rec.key.clone(),
                 base: rec.base_generation.map(|g| (rec.key.clone(), g)),
                 work_id: rec.id,
-                work: StagingFile::open_complete(&self.dir.staging_path(rec.id), rec.size),
+                work: StagingFile::open_complete(&self.dir.staging(rec.id), rec.size),
                 work_named: true,
                 forgotten_unsynced: false,
                 mtime,
@@ -172,9 +174,9 @@ impl<S: ObjectStore> WriteBack<S> {
         else {
             return false;
         };
-        let path = self.dir.staging_path(file);
-        let len = match std::fs::metadata(&path) {
-            Ok(m) => m.len(),
+        let at = self.dir.staging(file);
+        let len = match at.stat() {
+            Ok(m) => m.len,
             Err(e) => {
                 tracing::error!(key = %rec.key, id = file, error = %e, "the staged copy of changes that were not saved is missing; they are lost");
                 self.forget_record(rec.id, false).await;
@@ -194,7 +196,7 @@ impl<S: ObjectStore> WriteBack<S> {
         kept.insert(file);
         self.bump_next_id(rec.id);
         self.bump_next_id(file);
-        let work = StagingFile::open_partial(&path, len, ranges);
+        let work = StagingFile::open_partial(&at, len, ranges);
         let held = held.then_some(FsError::Io(reason));
         tracing::warn!(key = %rec.key, size = len, "changes that were not saved before the mount stopped are kept staged; they are not uploaded until the file is saved again");
         let existing = self.by_key.lock().get(&rec.key).cloned();
@@ -249,12 +251,10 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Checks that the record's staging file holds its version, and cuts off anything after
     /// it (changes never acknowledged).
     async fn verify(&self, rec: &Record, keep_tail: bool) -> std::io::Result<()> {
-        let path = self.dir.staging_path(rec.id);
+        let at = self.dir.staging(rec.id);
         let (size, crc) = (rec.size, rec.crc32c);
         crate::platform::blocking(move || {
-            let file =
-                crate::platform::no_follow(std::fs::OpenOptions::new().read(true).write(true))
-                    .open(&path)?;
+            let file = at.open(crate::platform::Open::new().read(true).write(true))?;
             let len = file.metadata()?.len();
             if len < size {
                 return Err(std::io::Error::other(format!(
@@ -278,7 +278,7 @@ impl<S: ObjectStore> WriteBack<S> {
             tracing::warn!(id, error = %e, "could not remove a journal record");
         }
         if remove_data {
-            let _ = std::fs::remove_file(self.dir.staging_path(id));
+            let _ = self.dir.staging(id).remove();
         }
     }
 
@@ -294,13 +294,13 @@ impl<S: ObjectStore> WriteBack<S> {
             if kept.contains(&id) {
                 continue;
             }
-            let path = self.dir.staging_path(id);
+            let at = self.dir.staging(id);
             if journal_damaged {
                 tracing::warn!(id, "a staging file no readable journal record names is kept aside as .orphan (the journal was damaged)");
-                let _ = std::fs::rename(&path, path.with_extension("orphan"));
+                let _ = at.rename_to(&self.dir.staging_aside(id, "orphan"));
             } else {
                 tracing::debug!(id, "removing a staging file no journal record needs");
-                let _ = std::fs::remove_file(&path);
+                let _ = at.remove();
             }
         }
     }

@@ -12,23 +12,22 @@
 //! in parallel): for a 1 GiB file that pass took a second of the time `close()` took.
 //!
 //! A staging file keeps no descriptor while nobody uses it: [`StagingFile::close_fd`] drops it
-//! and the next access reopens it by path, so a hundred thousand files waiting for upload cost
-//! no descriptors.
+//! and the next access reopens it by name in the held staging directory (never following a
+//! link: [`platform::At`]), so a hundred thousand files waiting for upload cost no descriptors.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
 
 use super::ranges::RangeSet;
-use crate::platform::{self, read_exact_at, start_writeback, write_all_at};
+use crate::platform::{self, read_exact_at, start_writeback, write_all_at, At, Open};
 
 /// The local copy of one file.
 #[derive(Debug)]
 pub struct StagingFile {
-    path: PathBuf,
-    /// Open while in use; reopened by path on demand.
+    at: At,
+    /// Open while in use; reopened by name on demand.
     file: Option<File>,
     size: u64,
     present: RangeSet,
@@ -45,31 +44,29 @@ const WRITEBACK_KICK: u64 = 16 << 20;
 impl StagingFile {
     /// Creates a staging file for a file of `size` bytes, of which `present` are already valid
     /// locally (nothing, for a file that exists in the bucket; everything, for a new file).
-    pub fn create(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
-        let file = platform::private_file(platform::no_follow(
-            OpenOptions::new()
+    pub fn create(at: &At, size: u64, present: RangeSet) -> io::Result<Self> {
+        let file = at.open(
+            Open::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(true),
-        ))
-        .open(path)?;
-        Self::sized(path, file, size, present)
+        )?;
+        Self::sized(at, file, size, present)
     }
 
     /// Like [`create`](Self::create), in an empty file of the [staging
     /// pool](super::staging_pool) whose name is durable: it must exist (a file made here would
     /// not have a durable name).
-    pub fn open_pooled(path: &Path, size: u64, present: RangeSet) -> io::Result<Self> {
-        let file = platform::no_follow(OpenOptions::new().read(true).write(true).truncate(true))
-            .open(path)?;
-        Self::sized(path, file, size, present)
+    pub fn open_pooled(at: &At, size: u64, present: RangeSet) -> io::Result<Self> {
+        let file = at.open(Open::new().read(true).write(true).truncate(true))?;
+        Self::sized(at, file, size, present)
     }
 
-    fn sized(path: &Path, file: File, size: u64, present: RangeSet) -> io::Result<Self> {
+    fn sized(at: &At, file: File, size: u64, present: RangeSet) -> io::Result<Self> {
         file.set_len(size)?;
         Ok(StagingFile {
-            path: path.to_path_buf(),
+            at: at.clone(),
             file: Some(file),
             size,
             present,
@@ -80,9 +77,9 @@ impl StagingFile {
 
     /// A complete staging file already on disk (left by an earlier run, or a copy), of `size`
     /// bytes. No descriptor is opened until it is used.
-    pub fn open_complete(path: &Path, size: u64) -> Self {
+    pub fn open_complete(at: &At, size: u64) -> Self {
         StagingFile {
-            path: path.to_path_buf(),
+            at: at.clone(),
             file: None,
             size,
             present: RangeSet::full(0..size),
@@ -93,9 +90,9 @@ impl StagingFile {
 
     /// A staging file already on disk, of `size` bytes of which `present` are valid (changes
     /// that were not saved, kept by the journal). No descriptor is opened until it is used.
-    pub fn open_partial(path: &Path, size: u64, present: RangeSet) -> Self {
+    pub fn open_partial(at: &At, size: u64, present: RangeSet) -> Self {
         StagingFile {
-            path: path.to_path_buf(),
+            at: at.clone(),
             file: None,
             size,
             present,
@@ -112,8 +109,9 @@ impl StagingFile {
         self
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The file, in the held staging directory.
+    pub fn at(&self) -> &At {
+        &self.at
     }
 
     /// Which bytes are valid locally.
@@ -124,8 +122,7 @@ impl StagingFile {
     /// The open descriptor, reopening the file if it was closed.
     fn fd(&mut self) -> io::Result<&File> {
         if self.file.is_none() {
-            let f =
-                platform::no_follow(OpenOptions::new().read(true).write(true)).open(&self.path)?;
+            let f = self.at.open(Open::new().read(true).write(true))?;
             self.file = Some(f);
         }
         self.file
@@ -389,21 +386,20 @@ impl CrcRuns {
     }
 }
 
-/// Copies the first `len` bytes of the complete staging file at `from` to a new private file at
-/// `to` (copy-on-write of a version that must stay intact), returning the copy. Runs on the
+/// Copies the first `len` bytes of the complete staging file `from` to a new private file `to`
+/// (copy-on-write of a version that must stay intact), returning the copy. Runs on the
 /// blocking pool.
-pub async fn copy_prefix(from: &Path, to: &Path, len: u64) -> io::Result<StagingFile> {
-    let (from, dest) = (from.to_path_buf(), to.to_path_buf());
+pub async fn copy_prefix(from: &At, to: &At, len: u64) -> io::Result<StagingFile> {
+    let (from, dest) = (from.clone(), to.clone());
     platform::blocking(move || {
-        let mut src = platform::no_follow(OpenOptions::new().read(true)).open(&from)?;
-        let mut dst = platform::private_file(platform::no_follow(
-            OpenOptions::new()
+        let mut src = from.open(Open::new().read(true))?;
+        let mut dst = dest.open(
+            Open::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(true),
-        ))
-        .open(&dest)?;
+        )?;
         let copied = io::copy(&mut io::Read::take(&mut src, len), &mut dst)?;
         if copied != len {
             return Err(io::Error::other("staging file shorter than its version"));
@@ -431,26 +427,34 @@ pub fn crc32c_of_file(file: &File, size: u64) -> io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use crate::platform::Dir;
+    use std::path::Path;
+
+    /// The file `name` of the held directory `dir`.
+    fn at(dir: &tempfile::TempDir, name: &str) -> At {
+        Dir::private(dir.path()).unwrap().at(name)
+    }
 
     /// A link planted where a staging file goes (to a file of root's, say) is never followed:
     /// the open fails, and the link's target is neither read nor emptied.
+    #[cfg(unix)]
     #[test]
     fn a_link_in_place_of_a_staging_file_is_not_followed() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("shadow");
         std::fs::write(&target, b"root:secret\n").unwrap();
-        let planted = dir.path().join("7.data");
-        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("7.data")).unwrap();
+        let planted = at(&dir, "7.data");
         let e = StagingFile::open_pooled(&planted, 10, RangeSet::new()).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
         let e = StagingFile::create(&planted, 10, RangeSet::new()).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read(&target).unwrap(), b"root:secret\n");
     }
 
     /// The cache directory's ancestry: nobody but us and root may be able to swap what is in
     /// it, unless a directory is sticky.
+    #[cfg(unix)]
     #[test]
     fn a_cache_directory_others_can_write_to_is_refused() {
         use std::os::unix::fs::PermissionsExt;
@@ -500,11 +504,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.data");
         // A 100-byte object of which nothing is local yet.
-        let mut f = StagingFile::create(&p, 100, RangeSet::new()).unwrap();
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        let mut f = StagingFile::create(&at(&dir, "f.data"), 100, RangeSet::new()).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
         assert!(!f.is_complete());
         f.write_at(10, b"USER").unwrap();
         assert_eq!(f.missing(0..100), vec![0..10, 14..100]);
@@ -527,10 +533,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.data");
         std::fs::write(&p, [b'x'; 100]).unwrap();
-        let mut f = StagingFile::open_complete(&p, 50);
+        let mut f = StagingFile::open_complete(&at(&dir, "f.data"), 50);
         f.truncate(80).unwrap();
         assert_eq!(f.read_at(50, 30).unwrap(), vec![0u8; 30]);
-        let mut g = StagingFile::open_complete(&p, 50);
+        let mut g = StagingFile::open_complete(&at(&dir, "f.data"), 50);
         std::fs::write(&p, [b'y'; 100]).unwrap();
         g.write_at(90, b"END").unwrap();
         assert_eq!(g.read_at(50, 40).unwrap(), vec![0u8; 40]);
@@ -548,7 +554,7 @@ mod tests {
         fn running_crc_equals_a_full_pass(ops in proptest::collection::vec(
             (0u8..4, 0u64..3000, 1usize..700), 1..40)) {
             let dir = tempfile::tempdir().unwrap();
-            let mut f = StagingFile::create(&dir.path().join("c"), 0, RangeSet::new()).unwrap();
+            let mut f = StagingFile::create(&at(&dir, "c"), 0, RangeSet::new()).unwrap();
             let mut next = 0u64;
             for (i, (op, at, len)) in ops.into_iter().enumerate() {
                 let data = vec![i as u8 ^ 0x5a; len];
@@ -577,7 +583,7 @@ mod tests {
     #[test]
     fn out_of_order_writes_keep_the_crc_known() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = StagingFile::create(&dir.path().join("o"), 0, RangeSet::new()).unwrap();
+        let mut f = StagingFile::create(&at(&dir, "o"), 0, RangeSet::new()).unwrap();
         let chunk = 4096usize;
         let data: Vec<u8> = (0..chunk * 40).map(|i| (i * 7 + i / 13) as u8).collect();
         // Blocks in a scrambled order, each written once.
@@ -598,7 +604,7 @@ mod tests {
     #[test]
     fn growth_and_truncation() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = StagingFile::create(&dir.path().join("g"), 0, RangeSet::new()).unwrap();
+        let mut f = StagingFile::create(&at(&dir, "g"), 0, RangeSet::new()).unwrap();
         assert!(f.is_complete());
         f.write_at(5, b"xy").unwrap();
         assert_eq!(f.read_at(0, 10).unwrap(), b"\0\0\0\0\0xy");
@@ -607,7 +613,7 @@ mod tests {
         f.truncate(6).unwrap();
         assert_eq!(f.read_at(0, 10).unwrap(), b"\0\0\0\0\0\0");
         let crc = f.crc32c().unwrap();
-        let mut again = StagingFile::open_complete(f.path(), 6);
+        let mut again = StagingFile::open_complete(f.at(), 6);
         assert_eq!(again.size(), 6);
         assert!(again.is_complete());
         assert_eq!(again.crc32c().unwrap(), crc);

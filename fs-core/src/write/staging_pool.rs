@@ -27,9 +27,7 @@
 //! waits for it. (In the deterministic simulation, which runs blocking work inline, so does
 //! the pool: a thread would make its schedule depend on timing.)
 
-use std::fs::OpenOptions;
 use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -37,7 +35,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::cache_dir::staging_file_name;
-use crate::platform;
+use crate::platform::{self, At, Dir, Open};
 
 /// Refill when fewer free files than this are left.
 const LOW: usize = 16;
@@ -76,7 +74,7 @@ enum Sink {
 }
 
 struct Shared {
-    dir: PathBuf,
+    dir: Arc<Dir>,
     barrier: Barrier,
     /// The write engine's id counter: every file of the pool gets an id never used before.
     ids: Arc<AtomicU64>,
@@ -99,7 +97,7 @@ impl std::fmt::Debug for StagingPool {
 impl StagingPool {
     /// A pool of files in the staging directory `dir`, taking ids from `ids`; `barrier` runs
     /// before recycled files are touched.
-    pub fn new(dir: PathBuf, ids: Arc<AtomicU64>, barrier: Barrier) -> Self {
+    pub fn new(dir: Arc<Dir>, ids: Arc<AtomicU64>, barrier: Barrier) -> Self {
         StagingPool {
             shared: Arc::new(Shared {
                 dir,
@@ -161,7 +159,7 @@ impl StagingPool {
         }
         match (self.shared.barrier)(&[id]) {
             Ok(named) if named.first() == Some(&false) => {
-                let _ = std::fs::remove_file(self.shared.path(id));
+                let _ = self.shared.at(id).remove();
             }
             Ok(_) => {}
             Err(e) => {
@@ -264,15 +262,15 @@ impl Shared {
                 Job::Recycle(id) if keep.contains(&id) => {
                     tracing::debug!(id, "a retired staging file is still named by the journal; left for the next mount");
                 }
-                Job::Recycle(id) if room > 0 => match self.reuse(&self.path(id)) {
+                Job::Recycle(id) if room > 0 => match self.reuse(&self.at(id)) {
                     Ok(id) => ready.push(id),
                     Err(e) => {
                         tracing::debug!(error = %e, id, "could not reuse a staging file");
-                        let _ = std::fs::remove_file(self.path(id));
+                        let _ = self.at(id).remove();
                     }
                 },
                 Job::Recycle(id) => {
-                    let _ = std::fs::remove_file(self.path(id));
+                    let _ = self.at(id).remove();
                 }
             }
         }
@@ -280,19 +278,19 @@ impl Shared {
             return;
         }
         // Only files whose names are durable may be handed out.
-        match platform::sync_dir(&self.dir) {
+        match self.dir.sync() {
             Ok(()) => self.free.lock().extend(ready),
             Err(e) => {
                 tracing::warn!(error = %e, "could not sync the staging directory");
                 for id in ready {
-                    let _ = std::fs::remove_file(self.path(id));
+                    let _ = self.at(id).remove();
                 }
             }
         }
     }
 
-    fn path(&self, id: u64) -> PathBuf {
-        self.dir.join(staging_file_name(id))
+    fn at(&self, id: u64) -> At {
+        self.dir.at(staging_file_name(id))
     }
 
     fn fresh_id(&self) -> u64 {
@@ -302,20 +300,15 @@ impl Shared {
     /// A new empty file under a fresh id.
     fn make(&self) -> io::Result<u64> {
         let id = self.fresh_id();
-        platform::private_file(platform::no_follow(
-            OpenOptions::new().write(true).create_new(true),
-        ))
-        .open(self.path(id))?;
+        self.at(id).open(Open::new().write(true).create_new(true))?;
         Ok(id)
     }
 
-    /// Empties the file at `path` and moves it to a fresh id.
-    fn reuse(&self, path: &Path) -> io::Result<u64> {
-        platform::no_follow(OpenOptions::new().write(true))
-            .open(path)?
-            .set_len(0)?;
+    /// Empties the file `at` and moves it to a fresh id.
+    fn reuse(&self, at: &At) -> io::Result<u64> {
+        at.open(Open::new().write(true))?.set_len(0)?;
         let id = self.fresh_id();
-        std::fs::rename(path, self.path(id))?;
+        at.rename_to(&self.at(id))?;
         Ok(id)
     }
 }
@@ -323,6 +316,7 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
     use std::time::{Duration, Instant};
 
     fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -336,7 +330,7 @@ mod tests {
     fn pool(dir: &Path, first_id: u64) -> (StagingPool, Arc<AtomicU64>) {
         let ids = Arc::new(AtomicU64::new(first_id));
         let pool = StagingPool::new(
-            dir.to_path_buf(),
+            Dir::private(dir).unwrap(),
             ids.clone(),
             Box::new(|ids: &[u64]| Ok(vec![false; ids.len()])),
         );
@@ -440,7 +434,7 @@ mod tests {
                 _ => Ok(vec![false]),
             }
         });
-        let p = StagingPool::new(dir.path().to_path_buf(), ids, barrier);
+        let p = StagingPool::new(Dir::private(dir.path()).unwrap(), ids, barrier);
         p.start();
         wait_for("the first refill", || p.free_len() >= TARGET);
         let before = p.free_len();

@@ -39,7 +39,7 @@ enum Step {
 struct Prepared {
     version: Version,
     job: UploadJob,
-    file: std::path::PathBuf,
+    file: crate::platform::At,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -131,7 +131,7 @@ impl<S: ObjectStore> WriteBack<S> {
             conflict_tag: self.dir.tag().to_string(),
         };
         Step::Upload(Box::new(Prepared {
-            file: self.dir.staging_path(v.id),
+            file: self.dir.staging(v.id),
             version: v,
             job,
         }))
@@ -162,10 +162,9 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             it.sched.uploading = true;
         }
-        let opened = crate::platform::blocking(move || {
-            crate::platform::no_follow(std::fs::OpenOptions::new().read(true)).open(file)
-        })
-        .await;
+        let opened =
+            crate::platform::blocking(move || file.open(crate::platform::Open::new().read(true)))
+                .await;
         let record = parking_lot::Mutex::new(None::<UploadState>);
         let result = match opened {
             Ok(file) => {
@@ -264,7 +263,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     p.progress = UploadState::Staged;
                 }
                 if superseded(&it) {
-                    let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+                    let _ = self.dir.staging(v.id).remove();
                     if v.size >= self.cfg.upload.single_shot_threshold {
                         self.sweep_parts(v.id, None);
                     }
@@ -302,7 +301,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     self.sweep_parts(v.id, None);
                 }
                 if superseded(&it) {
-                    let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+                    let _ = self.dir.staging(v.id).remove();
                 }
                 tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "upload failed; the file stays staged and will be retried");
                 shared.progress.send_modify(|p| {

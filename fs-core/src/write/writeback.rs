@@ -120,7 +120,7 @@ impl<S: ObjectStore> WriteBack<S> {
         on_settled: SettleHook,
     ) -> Result<Arc<Self>, String> {
         let dir = CacheDir::open_at(&cfg.cache_dir, cfg.legacy_cache_dir)?;
-        let journal = Journal::open(&dir.journal_dir())
+        let journal = Journal::open_in(dir.journal_dir().clone())
             .map_err(|e| format!("cannot open the journal: {e}"))?;
         let staged = dir
             .staging_ids()
@@ -134,7 +134,7 @@ impl<S: ObjectStore> WriteBack<S> {
         let journal = Arc::new(journal);
         let barrier = journal.clone();
         let pool = StagingPool::new(
-            dir.staging_dir(),
+            dir.staging_dir().clone(),
             next_id.clone(),
             Box::new(move |ids: &[u64]| {
                 // Asked before the sync: a retired id is never named again, so one not named
@@ -200,10 +200,9 @@ impl<S: ObjectStore> WriteBack<S> {
         present: RangeSet,
     ) -> FsResult<(u64, StagingFile, bool)> {
         if let Some(id) = self.pool.take() {
-            let path = self.dir.staging_path(id);
+            let at = self.dir.staging(id);
             let p = present.clone();
-            match crate::platform::blocking(move || StagingFile::open_pooled(&path, size, p)).await
-            {
+            match crate::platform::blocking(move || StagingFile::open_pooled(&at, size, p)).await {
                 Ok(work) => return Ok((id, work, true)),
                 Err(e) => {
                     tracing::debug!(id, error = %e, "a pooled staging file could not be opened")
@@ -211,7 +210,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         let id = self.new_id();
-        let work = platform_create(self.dir.staging_path(id), size, present).await?;
+        let work = platform_create(self.dir.staging(id), size, present).await?;
         Ok((id, work, false))
     }
 
@@ -470,9 +469,9 @@ impl<S: ObjectStore> WriteBack<S> {
             self.new_staging(0, RangeSet::new()).await?
         } else {
             let id = self.new_id();
-            let path = self.dir.staging_path(id);
+            let to = self.dir.staging(id);
             let present = it.work.present().clone();
-            let copy = staging::copy_prefix(it.work.path(), &path, len).await?;
+            let copy = staging::copy_prefix(it.work.at(), &to, len).await?;
             (id, copy.with_present(present), false)
         };
         tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "copy-on-write of the working copy");
@@ -677,8 +676,8 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         };
         if !it.work_named {
-            let dir = self.dir.root().join("staging");
-            crate::platform::blocking(move || crate::platform::sync_dir(&dir)).await?;
+            let dir = self.dir.staging_dir().clone();
+            crate::platform::blocking(move || dir.sync()).await?;
             it.work_named = true;
         }
         let old = it.pending.take();
@@ -801,7 +800,7 @@ impl<S: ObjectStore> WriteBack<S> {
             // The file is done with: the parts of every version it held go.
             self.sweep_parts(v.id, None);
         }
-        let _ = std::fs::remove_file(self.dir.staging_path(v.id));
+        let _ = self.dir.staging(v.id).remove();
     }
 
     /// Where version `id`'s temporary parts go: under this cache directory's tag, so no other
@@ -868,8 +867,8 @@ impl<S: ObjectStore> WriteBack<S> {
         let file = it.work.clone_file()?;
         crate::platform::blocking(move || file.sync_all()).await?;
         if !it.work_named {
-            let dir = self.dir.staging_dir();
-            crate::platform::blocking(move || crate::platform::sync_dir(&dir)).await?;
+            let dir = self.dir.staging_dir().clone();
+            crate::platform::blocking(move || dir.sync()).await?;
             it.work_named = true;
         }
         Ok(())
@@ -1114,9 +1113,9 @@ pub fn content_type(key: &str) -> String {
 
 /// Creates a staging file on the blocking pool.
 async fn platform_create(
-    path: PathBuf,
+    at: crate::platform::At,
     size: u64,
     present: RangeSet,
 ) -> std::io::Result<StagingFile> {
-    crate::platform::blocking(move || StagingFile::create(&path, size, present)).await
+    crate::platform::blocking(move || StagingFile::create(&at, size, present)).await
 }

@@ -23,15 +23,14 @@
 //! of an object never shares a file with the old one, and the header is compared whole before
 //! a file is trusted.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::path::Path;
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use crate::platform;
+use crate::platform::{self, At, Open};
 use crate::store::ObjectMeta;
 
 /// Bytes per block: the unit of presence, of the CRC check and of eviction accounting.
@@ -192,34 +191,19 @@ impl Identity {
     }
 }
 
-/// Options that never follow a symbolic link in place of a cache file.
-fn options() -> OpenOptions {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut o = OpenOptions::new();
-        o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-        o
-    }
-    #[cfg(not(unix))]
-    OpenOptions::new()
-}
-
-/// Opens a cache file for reading.
-pub fn open_read(path: &Path) -> io::Result<File> {
-    options().read(true).open(path)
+/// Opens a cache file for reading (never following a link in its place: [`At`]).
+pub fn open_read(at: &At) -> io::Result<File> {
+    at.open(Open::new().read(true))
 }
 
 /// Opens an existing cache file for writing.
-pub fn open_write(path: &Path) -> io::Result<File> {
-    options().write(true).open(path)
+pub fn open_write(at: &At) -> io::Result<File> {
+    at.open(Open::new().write(true))
 }
 
 /// Creates (or empties) the cache file of `id` and writes its header.
-pub fn create(path: &Path, id: &Identity) -> io::Result<File> {
-    let mut o = options();
-    o.write(true).create(true).truncate(true);
-    let file = platform::private_file(&mut o).open(path)?;
+pub fn create(at: &At, id: &Identity) -> io::Result<File> {
+    let file = at.open(Open::new().write(true).create(true).truncate(true))?;
     let header = id
         .header()
         .ok_or_else(|| io::Error::other("object name too long for a cache header"))?;
@@ -358,7 +342,7 @@ mod tests {
     #[test]
     fn blocks_round_trip_and_a_flipped_bit_is_caught() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
+        let path = platform::Dir::private(dir.path()).unwrap().at("f");
         let i = id(3 * BLOCK + 10, 1);
         let data: Vec<u8> = (0..i.size).map(|n| (n % 251) as u8).collect();
         let f = create(&path, &i).unwrap();

@@ -197,8 +197,8 @@ fn write(shared: &Shared, job: Job) {
     if let Some(r) = &reserved {
         shared.evicted(r.evicted.len() as u64);
     }
-    for p in doomed {
-        let _ = std::fs::remove_file(p);
+    for at in doomed {
+        let _ = at.remove();
     }
     let Some(r) = reserved else {
         if !redundant {
@@ -238,14 +238,14 @@ fn write(shared: &Shared, job: Job) {
             _ if r.create && ix.entry(name).is_none() => {
                 // Removed while we wrote: the file we created belongs to no entry. Only this
                 // thread creates entries, so no newer file has this name.
-                let _ = std::fs::remove_file(&path);
+                let _ = path.remove();
             }
             _ => {}
         }
         shared.publish(&ix);
     }
-    if let Some(p) = doomed {
-        let _ = std::fs::remove_file(p);
+    if let Some(at) = doomed {
+        let _ = at.remove();
     }
     match result {
         Ok(()) => shared.written(bytes),

@@ -39,7 +39,7 @@ mod index;
 #[cfg(test)]
 mod tests;
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,7 +52,7 @@ use parking_lot::Mutex;
 pub use file::{Identity, BLOCK};
 use index::{Index, Plan};
 
-use crate::platform;
+use crate::platform::{self, At, Dir, Open};
 use crate::store::{ObjectMeta, ObjectStore, StoreResult};
 
 /// Our sub-directory of the directory `--read-cache-dir` names.
@@ -124,7 +124,8 @@ type Hook = Arc<dyn Fn(&Shared) + Send + Sync>;
 
 /// State shared by the cache, its object handles and the writer thread.
 pub(crate) struct Shared {
-    objects: PathBuf,
+    /// The held `objects/` directory: every cache file is reached through it.
+    objects: Arc<Dir>,
     index: Mutex<Index>,
     queue: fill::Queue,
     counters: Counters,
@@ -154,17 +155,6 @@ impl std::fmt::Debug for ReadCache {
     }
 }
 
-/// Bytes a file takes on disk: its allocated blocks where the platform says, else its length.
-fn disk_bytes(meta: &std::fs::Metadata) -> u64 {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        meta.blocks() * 512
-    }
-    #[cfg(not(unix))]
-    meta.len()
-}
-
 fn is_cache_name(n: &str) -> bool {
     n.len() == 32 && n.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
@@ -174,24 +164,17 @@ impl ReadCache {
     /// message when another mount holds it or it cannot be used.
     pub fn open(cfg: &ReadCacheConfig) -> Result<ReadCache, String> {
         let root = &cfg.root;
-        let mk = |p: &Path| {
-            platform::create_private_dir(p)
-                .map_err(|e| format!("cannot use read cache directory {}: {e}", p.display()))
+        let fail = |p: PathBuf, e: std::io::Error| {
+            format!("cannot use read cache directory {}: {e}", p.display())
         };
-        mk(root)?;
-        let objects = root.join("objects");
-        mk(&objects)?;
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(false);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_NOFOLLOW);
-        }
-        let lock_path = root.join("lock");
-        let lock = platform::private_file(&mut options)
-            .open(&lock_path)
-            .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+        let dir = Dir::private(root).map_err(|e| fail(root.clone(), e))?;
+        let objects = dir
+            .child("objects")
+            .map_err(|e| fail(root.join("objects"), e))?;
+        let lock_at = dir.at("lock");
+        let lock = lock_at
+            .open(Open::new().read(true).write(true).create(true))
+            .map_err(|e| format!("cannot open {lock_at}: {e}"))?;
         let deadline = Instant::now() + cfg.lock_wait;
         loop {
             match lock.try_lock() {
@@ -230,11 +213,11 @@ impl ReadCache {
             #[cfg(test)]
             hooks: Mutex::new((None, None)),
         });
-        for p in doomed {
-            let _ = std::fs::remove_file(p);
+        for at in doomed {
+            let _ = at.remove();
         }
         for (name, _) in &evicted {
-            let _ = std::fs::remove_file(shared.path(name));
+            let _ = shared.path(name).remove();
         }
         crate::metrics::read_cache_limit(cfg.size);
         {
@@ -313,7 +296,7 @@ impl ReadCache {
             doomed
         };
         if let Some(p) = doomed {
-            let _ = std::fs::remove_file(p);
+            let _ = p.remove();
         }
         Some(handle)
     }
@@ -339,31 +322,25 @@ impl ReadCache {
     }
 }
 
-/// Finds the cache files in `objects`, adds them to `index` oldest first, and returns the
-/// paths of anything else there (files of evictions cut short, temporary names): to delete.
-fn scan(objects: &Path, index: &mut Index) -> std::io::Result<Vec<PathBuf>> {
+/// Finds the cache files in `objects`, adds them to `index` oldest first, and returns
+/// anything else there (files of evictions cut short, temporary names): to delete.
+fn scan(objects: &Arc<Dir>, index: &mut Index) -> std::io::Result<Vec<At>> {
     let mut found = Vec::new();
     let mut doomed = Vec::new();
-    for entry in std::fs::read_dir(objects)? {
-        let entry = entry?;
-        let path = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+    for name in objects.names()? {
+        // A name that is not UTF-8 is none of ours, and none an `At` can hold: left alone.
+        let Some(name) = name.to_str() else { continue };
+        let at = objects.at(name);
+        let Ok(meta) = at.stat() else {
             continue;
         };
-        if meta.is_dir() {
+        if meta.is_dir {
             continue;
         }
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".cache"))
-            .filter(|n| is_cache_name(n));
-        match name {
-            Some(n) if meta.is_file() => {
-                let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                found.push((used, n.to_string(), disk_bytes(&meta)));
-            }
-            _ => doomed.push(path),
+        let stem = name.strip_suffix(".cache").filter(|n| is_cache_name(n));
+        match stem {
+            Some(n) if meta.is_file => found.push((meta.modified, n.to_string(), meta.disk_bytes)),
+            _ => doomed.push(at),
         }
     }
     found.sort();
@@ -374,21 +351,21 @@ fn scan(objects: &Path, index: &mut Index) -> std::io::Result<Vec<PathBuf>> {
 }
 
 impl Shared {
-    fn path(&self, name: &str) -> PathBuf {
-        self.objects.join(format!("{name}.cache"))
+    fn path(&self, name: &str) -> At {
+        self.objects.at(format!("{name}.cache"))
     }
 
     /// Takes the file of an entry just removed from the index out of its name, so no one
     /// opens it any more; returns where it went, to be deleted once the index lock is released.
     /// Call with the index lock held.
-    fn retire(&self, name: &str, epoch: u64) -> Option<PathBuf> {
+    fn retire(&self, name: &str, epoch: u64) -> Option<At> {
         let from = self.path(name);
-        let to = self.objects.join(format!("{name}.{epoch}.gone"));
-        match std::fs::rename(&from, &to) {
+        let to = self.objects.at(format!("{name}.{epoch}.gone"));
+        match from.rename_to(&to) {
             Ok(()) => Some(to),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(_) => {
-                let _ = std::fs::remove_file(&from);
+                let _ = from.remove();
                 None
             }
         }
@@ -403,7 +380,7 @@ impl Shared {
             doomed
         };
         if let Some(p) = doomed {
-            let _ = std::fs::remove_file(p);
+            let _ = p.remove();
         }
     }
 

@@ -97,7 +97,7 @@ fn disk_use(dir: &Path) -> u64 {
         n += if m.is_dir() {
             disk_use(&e.path())
         } else {
-            disk_bytes(&m)
+            std::os::unix::fs::MetadataExt::blocks(&m) * 512
         };
     }
     n

@@ -1,14 +1,32 @@
 //! The few local-file calls that differ between Unix and Windows, so the rest of the core is
 //! written once.
 //!
-//! The cache directory is private to its user (0700/0600 on Unix; on Windows the directory
-//! inherits the ACL of the user's profile, where `--cache-dir` defaults). Positional reads and
-//! writes never move a shared cursor, so concurrent handles of one staged file need no lock:
-//! `pread`/`pwrite` on Unix, `ReadFile`/`WriteFile` with an offset on Windows.
+//! The mount's own directories are private to its user (0700 and 0600 files on Unix; a
+//! protected DACL admitting the user, SYSTEM and Administrators on Windows), held open, and the
+//! files in them are reached only through that hold ([`Dir`], [`At`]), never by a path looked
+//! up again. Positional reads and writes never move a shared cursor, so concurrent handles of
+//! one staged file need no lock: `pread`/`pwrite` on Unix, `ReadFile`/`WriteFile` with an
+//! offset on Windows.
 
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{DirBuilder, File};
 use std::io;
 use std::path::Path;
+
+mod dir;
+#[cfg(windows)]
+mod windows_acl;
+
+pub use dir::{At, Dir, Open, Stat};
+#[cfg(windows)]
+pub use windows_acl::{current_user_sid, private_dacl_sddl};
+
+/// Windows: the share mode of every file the mount opens. With `FILE_SHARE_DELETE` a staging
+/// file another handle holds open can still be renamed (the staging pool's recycling) or
+/// removed (an upload's cleanup), as on Unix; without it, both fail with a sharing violation.
+#[cfg(windows)]
+pub const SHARE_ALL: u32 = windows_sys::Win32::Storage::FileSystem::FILE_SHARE_READ
+    | windows_sys::Win32::Storage::FileSystem::FILE_SHARE_WRITE
+    | windows_sys::Win32::Storage::FileSystem::FILE_SHARE_DELETE;
 
 /// Creates `path` and whatever of its parents is missing; directories it creates are readable
 /// only by the user (0700 on Unix). Directories that already exist are left exactly as they
@@ -22,28 +40,6 @@ pub fn create_dirs(path: &Path) -> io::Result<()> {
         builder.mode(0o700);
     }
     builder.create(path)
-}
-
-/// Makes `options` refuse a symbolic link in place of the file (`O_NOFOLLOW`): the write
-/// path's staging files and journal are ours, and a link planted in their place (to
-/// `/etc/shadow`, say) must fail to open, never be read, uploaded or truncated. Windows: no
-/// such link can be made in a directory only the user can write (see `docs/windows.md`).
-pub fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-    }
-    #[cfg(not(unix))]
-    options
-}
-
-/// Reads the whole file at `path`, refusing a symbolic link in its place (see [`no_follow`]).
-pub fn read_no_follow(path: &Path) -> io::Result<Vec<u8>> {
-    let mut f = no_follow(OpenOptions::new().read(true)).open(path)?;
-    let mut out = Vec::new();
-    io::Read::read_to_end(&mut f, &mut out)?;
-    Ok(out)
 }
 
 /// Refuses a directory the mount keeps its files under when another user could swap what is
@@ -102,56 +98,9 @@ pub fn check_ancestry(_path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Creates `path` (see [`create_dirs`]) and makes sure it is a private directory of ours: on
-/// Unix a real directory, not a symbolic link, owned by the effective user, and mode 0700
-/// (narrowed if wider). Only for directories bucketdrive owns, never for one the user named.
-pub fn create_private_dir(path: &Path) -> io::Result<()> {
-    create_dirs(path)?;
-    #[cfg(unix)]
-    secure_own_dir(path)?;
-    Ok(())
-}
-
-/// Checks that `path` is a directory of ours, not a symbolic link, and narrows its mode to
-/// 0700. The directory is opened with `O_NOFOLLOW | O_DIRECTORY` and checked and changed
-/// through that descriptor, so a symbolic link (or anything swapped in between the check and
-/// the change) is refused instead of followed. Parent directories may be links; only the last
-/// component, the directory we own, must not be.
-#[cfg(unix)]
-pub fn secure_own_dir(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-    let refuse = |why: &str| io::Error::new(io::ErrorKind::PermissionDenied, why.to_string());
-    let dir = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            // With O_DIRECTORY, Linux answers ENOTDIR for a link to a directory.
-            Some(libc::ELOOP | libc::ENOTDIR)
-                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) =>
-            {
-                refuse("it is a symbolic link; refusing to use it")
-            }
-            Some(libc::ENOTDIR) => refuse("it is not a directory"),
-            _ => e,
-        })?;
-    let meta = dir.metadata()?;
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(refuse(&format!(
-            "it belongs to user {}, not to us (user {me}); refusing to use it",
-            meta.uid()
-        )));
-    }
-    if meta.mode() & 0o077 != 0 {
-        dir.set_permissions(std::fs::Permissions::from_mode(0o700))?;
-    }
-    Ok(())
-}
-
-/// Makes files opened with `options` readable only by the user.
-pub fn private_file(options: &mut OpenOptions) -> &mut OpenOptions {
+/// Makes files opened with `options` readable only by the user (the log file, which the user
+/// names and so is not in a [`Dir`] of ours).
+pub fn private_file(options: &mut std::fs::OpenOptions) -> &mut std::fs::OpenOptions {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -232,19 +181,6 @@ pub fn is_disk_full(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
     )
-}
-
-/// Makes the directory's entries (files created or renamed in it) durable. On Windows, NTFS
-/// journals directory changes itself and a directory cannot be opened as a `File`, so this is
-/// a no-op there.
-pub fn sync_dir(path: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    return File::open(path)?.sync_all();
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        Ok(())
-    }
 }
 
 /// Where per-user caches live: `$XDG_CACHE_HOME` or `~/.cache` on Unix, `%LOCALAPPDATA%` on

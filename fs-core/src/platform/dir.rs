@@ -1,0 +1,511 @@
+//! Directories of ours, held open, and the files in them, reached only through that hold.
+//!
+//! The cache directories hold what the mount trusts: journal records name object keys and the
+//! staging files whose bytes go there, and read-cache files are served as object bytes. A path
+//! is looked up again at every open, so whoever could swap a directory on it (rename another in
+//! its place, plant a link) between the mount's check and a later open would choose what the
+//! mount reads, uploads or truncates. So each directory is checked once, when it is opened
+//! ([`Dir::private`], [`Dir::child`]): a real directory, not a link, owned by the mount's user,
+//! narrowed to 0700 through its descriptor. It is then held, and every file in it is reached
+//! from the held directory by a single name ([`At`]), never by path:
+//!
+//! - **Unix:** the directory's descriptor; files are opened with `openat(dirfd, name,
+//!   O_NOFOLLOW)` and checked with `fstat` (a regular file, ours), and renames, removals and
+//!   listings are `renameat`, `unlinkat` and a listing of the descriptor. Renaming or replacing
+//!   a directory above changes nothing for a descriptor already held.
+//! - **Windows:** a handle on the directory opened without `FILE_SHARE_DELETE`, so nobody can
+//!   rename or delete it (nor, as Windows refuses to rename a directory with open handles
+//!   below it, any directory above) while the mount holds it: its path keeps leading to it.
+//!   Files are opened with `FILE_FLAG_OPEN_REPARSE_POINT` and refused when they are reparse
+//!   points (links and junctions), the equivalent of `O_NOFOLLOW`.
+//!
+//! Names given to [`Dir::at`] are single components made by the mount (`<id>.data`,
+//! `journal.log`), never a user's.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// A directory of ours, held open; see the module documentation.
+#[derive(Debug)]
+pub struct Dir {
+    /// Where it was when opened: for messages, and on Windows for the opens below it.
+    path: PathBuf,
+    #[cfg(unix)]
+    fd: std::os::fd::OwnedFd,
+    /// Held without `FILE_SHARE_DELETE`: see the module documentation.
+    #[cfg(windows)]
+    _hold: File,
+}
+
+/// A file of a held [`Dir`], by name.
+#[derive(Debug, Clone)]
+pub struct At {
+    dir: Arc<Dir>,
+    name: String,
+}
+
+/// How to open a file with [`At::open`]: the flags of `std::fs::OpenOptions` the mount uses.
+/// Files it creates are readable only by the user (0600 on Unix).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Open {
+    read: bool,
+    write: bool,
+    append: bool,
+    create: bool,
+    create_new: bool,
+    truncate: bool,
+}
+
+impl Open {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn read(mut self, on: bool) -> Self {
+        self.read = on;
+        self
+    }
+    pub fn write(mut self, on: bool) -> Self {
+        self.write = on;
+        self
+    }
+    pub fn append(mut self, on: bool) -> Self {
+        self.append = on;
+        self
+    }
+    pub fn create(mut self, on: bool) -> Self {
+        self.create = on;
+        self
+    }
+    pub fn create_new(mut self, on: bool) -> Self {
+        self.create_new = on;
+        self
+    }
+    pub fn truncate(mut self, on: bool) -> Self {
+        self.truncate = on;
+        self
+    }
+}
+
+/// What [`At::stat`] tells of a file, without following a link in its place.
+#[derive(Debug, Clone, Copy)]
+pub struct Stat {
+    pub len: u64,
+    pub is_file: bool,
+    pub is_dir: bool,
+    pub modified: SystemTime,
+    /// Bytes it takes on disk: its allocated blocks where the platform says, else its length.
+    pub disk_bytes: u64,
+}
+
+/// A refusal to use a directory (the caller names it) or a file (named here).
+fn refuse(file: Option<&Path>, why: &str) -> io::Error {
+    let msg = match file {
+        Some(path) => format!("{}: {why}; refusing to use it", path.display()),
+        None => format!("{why}; refusing to use it"),
+    };
+    io::Error::new(io::ErrorKind::PermissionDenied, msg)
+}
+
+impl Dir {
+    /// Creates `path` if need be (with whatever of its parents is missing, 0700), opens it
+    /// and checks it is a private directory of ours (see the module documentation). Only for
+    /// directories bucketdrive owns, never for one the user named.
+    pub fn private(path: &Path) -> io::Result<Arc<Dir>> {
+        super::create_dirs(path)?;
+        Self::open_checked(path, None, true).map(Arc::new)
+    }
+
+    /// Opens the existing directory at `path`, ours and not a link, as [`Dir::private`] does,
+    /// but leaves its mode (and on Windows its ACL) as it is: a directory the user named that
+    /// an earlier version used in place.
+    pub fn as_is(path: &Path) -> io::Result<Arc<Dir>> {
+        Self::open_checked(path, None, false).map(Arc::new)
+    }
+
+    /// The sub-directory `name` of this one, created (0700) if missing, opened and checked as
+    /// [`Dir::private`] does, through this directory's hold.
+    pub fn child(self: &Arc<Self>, name: &str) -> io::Result<Arc<Dir>> {
+        let path = self.path.join(name);
+        #[cfg(unix)]
+        {
+            use rustix::fs::{mkdirat, Mode};
+            match mkdirat(&self.fd, name, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        #[cfg(windows)]
+        match std::fs::create_dir(&path) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        Self::open_checked(&path, Some((self, name)), true).map(Arc::new)
+    }
+
+    #[cfg(unix)]
+    fn open_checked(path: &Path, parent: Option<(&Dir, &str)>, narrow: bool) -> io::Result<Dir> {
+        use rustix::fs::{fchmod, fstat, openat, FileType, Mode, OFlags, CWD};
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let opened = match parent {
+            Some((dir, name)) => openat(&dir.fd, name, flags, Mode::empty()),
+            None => openat(CWD, path, flags, Mode::empty()),
+        };
+        let fd = opened.map_err(|e| match e {
+            // With O_DIRECTORY, Linux answers ENOTDIR for a link to a directory.
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR
+                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                refuse(None, "it is a symbolic link")
+            }
+            rustix::io::Errno::NOTDIR => refuse(None, "it is not a directory"),
+            e => io::Error::from(e),
+        })?;
+        let st = fstat(&fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            return Err(refuse(None, "it is not a directory"));
+        }
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if st.st_uid != me {
+            return Err(refuse(
+                None,
+                &format!("it belongs to user {}, not to us (user {me})", st.st_uid),
+            ));
+        }
+        if narrow && st.st_mode & 0o077 != 0 {
+            fchmod(&fd, Mode::from_raw_mode(0o700))?;
+        }
+        Ok(Dir {
+            path: path.to_path_buf(),
+            fd,
+        })
+    }
+
+    #[cfg(windows)]
+    fn open_checked(path: &Path, _parent: Option<(&Dir, &str)>, narrow: bool) -> io::Result<Dir> {
+        use std::os::windows::fs::{MetadataExt, OpenOptionsExt};
+        use windows_sys::Win32::Storage::FileSystem::{
+            FILE_ATTRIBUTE_REPARSE_POINT, FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_OPEN_REPARSE_POINT,
+            FILE_SHARE_READ, FILE_SHARE_WRITE,
+        };
+        // A directory opens only with backup semantics; without FILE_SHARE_DELETE in the
+        // share mode nobody can rename or delete it while this handle is open.
+        let hold = std::fs::OpenOptions::new()
+            .read(true)
+            .share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE)
+            .custom_flags(FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT)
+            .open(path)?;
+        let meta = hold.metadata()?;
+        if meta.file_attributes() & FILE_ATTRIBUTE_REPARSE_POINT != 0 {
+            return Err(refuse(None, "it is a link or junction"));
+        }
+        if !meta.is_dir() {
+            return Err(refuse(None, "it is not a directory"));
+        }
+        if narrow {
+            super::windows_acl::make_private(path)?;
+        }
+        Ok(Dir {
+            path: path.to_path_buf(),
+            _hold: hold,
+        })
+    }
+
+    /// The file `name` of this directory: a single component, made by the mount.
+    pub fn at(self: &Arc<Self>, name: impl Into<String>) -> At {
+        let name = name.into();
+        debug_assert!(!name.contains(['/', '\\']) && name != ".." && name != ".");
+        At {
+            dir: self.clone(),
+            name,
+        }
+    }
+
+    /// Where the directory was when it was opened, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The names in the directory (not `.` and `..`).
+    pub fn names(&self) -> io::Result<Vec<OsString>> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let mut out = Vec::new();
+            let mut list = rustix::fs::Dir::read_from(&self.fd)?;
+            while let Some(entry) = list.read() {
+                let name = entry?.file_name().to_bytes().to_vec();
+                if name != b"." && name != b".." {
+                    out.push(std::ffi::OsStr::from_bytes(&name).to_os_string());
+                }
+            }
+            Ok(out)
+        }
+        #[cfg(windows)]
+        std::fs::read_dir(&self.path)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect()
+    }
+
+    /// Makes the directory's entries (files created, renamed or removed in it) durable.
+    pub fn sync(&self) -> io::Result<()> {
+        #[cfg(unix)]
+        return rustix::fs::fsync(&self.fd).map_err(io::Error::from);
+        // NTFS journals a directory's changes itself, and a handle on a directory takes no
+        // FlushFileBuffers without write access to it (see docs/windows.md).
+        #[cfg(windows)]
+        Ok(())
+    }
+}
+
+impl At {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dir(&self) -> &Arc<Dir> {
+        &self.dir
+    }
+
+    /// Another file of the same directory.
+    pub fn sibling(&self, name: impl Into<String>) -> At {
+        self.dir.at(name)
+    }
+
+    /// Where the file is, for messages.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path.join(&self.name)
+    }
+
+    /// Opens the file, refusing a link in its place and anything but a regular file of ours.
+    #[cfg(unix)]
+    pub fn open(&self, how: Open) -> io::Result<File> {
+        use rustix::fs::{fstat, openat, FileType, Mode, OFlags};
+        let mut flags = OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        flags |= match (how.read, how.write || how.append) {
+            (true, true) => OFlags::RDWR,
+            (false, true) => OFlags::WRONLY,
+            _ => OFlags::RDONLY,
+        };
+        if how.append {
+            flags |= OFlags::APPEND;
+        }
+        if how.create_new {
+            flags |= OFlags::CREATE | OFlags::EXCL;
+        } else if how.create {
+            flags |= OFlags::CREATE;
+        }
+        if how.truncate {
+            flags |= OFlags::TRUNC;
+        }
+        let fd = openat(
+            &self.dir.fd,
+            self.name.as_str(),
+            flags,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => refuse(Some(&self.path()), "it is a symbolic link"),
+            e => io::Error::from(e),
+        })?;
+        let st = fstat(&fd)?;
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(refuse(Some(&self.path()), "it is not a regular file"));
+        }
+        if st.st_uid != me {
+            return Err(refuse(
+                Some(&self.path()),
+                &format!("it belongs to user {}, not to us (user {me})", st.st_uid),
+            ));
+        }
+        Ok(File::from(fd))
+    }
+
+    /// Opens the file, refusing a reparse point (a link or junction) in its place.
+    #[cfg(windows)]
+    pub fn open(&self, how: Open) -> io::Result<File> {
+        use std::os::windows::fs::{MetadataExt, OpenOptionsExt};
+        use windows_sys::Win32::Storage::FileSystem::{
+            FILE_ATTRIBUTE_REPARSE_POINT, FILE_FLAG_OPEN_REPARSE_POINT,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(how.read)
+            .write(how.write)
+            .append(how.append)
+            .create(how.create)
+            .create_new(how.create_new)
+            .truncate(how.truncate)
+            .share_mode(super::SHARE_ALL)
+            .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT)
+            .open(self.path())?;
+        let meta = file.metadata()?;
+        if meta.file_attributes() & FILE_ATTRIBUTE_REPARSE_POINT != 0 || !meta.is_file() {
+            return Err(refuse(
+                Some(&self.path()),
+                "it is a link or not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    /// The whole file's bytes.
+    pub fn read(&self) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        io::Read::read_to_end(&mut self.open(Open::new().read(true))?, &mut out)?;
+        Ok(out)
+    }
+
+    /// Replaces the file with `bytes`, durably: written to `<name>.tmp`, synced, renamed over
+    /// it, and the directory synced.
+    pub fn replace_with(&self, bytes: &[u8]) -> io::Result<()> {
+        let tmp = self.sibling(format!("{}.tmp", self.name));
+        let mut f = tmp.open(Open::new().write(true).create(true).truncate(true))?;
+        io::Write::write_all(&mut f, bytes)?;
+        f.sync_all()?;
+        drop(f);
+        tmp.rename_to(self)?;
+        self.dir.sync()
+    }
+
+    /// Removes the file.
+    pub fn remove(&self) -> io::Result<()> {
+        #[cfg(unix)]
+        return rustix::fs::unlinkat(
+            &self.dir.fd,
+            self.name.as_str(),
+            rustix::fs::AtFlags::empty(),
+        )
+        .map_err(io::Error::from);
+        #[cfg(windows)]
+        std::fs::remove_file(self.path())
+    }
+
+    /// Renames the file to `to` (in this directory or another held one), replacing it.
+    pub fn rename_to(&self, to: &At) -> io::Result<()> {
+        #[cfg(unix)]
+        return rustix::fs::renameat(
+            &self.dir.fd,
+            self.name.as_str(),
+            &to.dir.fd,
+            to.name.as_str(),
+        )
+        .map_err(io::Error::from);
+        #[cfg(windows)]
+        std::fs::rename(self.path(), to.path())
+    }
+
+    /// What the file is, not following a link in its place.
+    pub fn stat(&self) -> io::Result<Stat> {
+        #[cfg(unix)]
+        {
+            use rustix::fs::{statat, AtFlags, FileType};
+            let st = statat(&self.dir.fd, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+            let kind = FileType::from_raw_mode(st.st_mode);
+            let modified = SystemTime::UNIX_EPOCH
+                .checked_add(std::time::Duration::new(
+                    st.st_mtime.max(0) as u64,
+                    st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+                ))
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            Ok(Stat {
+                len: st.st_size.max(0) as u64,
+                is_file: kind == FileType::RegularFile,
+                is_dir: kind == FileType::Directory,
+                modified,
+                disk_bytes: (st.st_blocks.max(0) as u64) * 512,
+            })
+        }
+        #[cfg(windows)]
+        {
+            let meta = std::fs::symlink_metadata(self.path())?;
+            Ok(Stat {
+                len: meta.len(),
+                is_file: meta.is_file(),
+                is_dir: meta.is_dir(),
+                modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                disk_bytes: meta.len(),
+            })
+        }
+    }
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.path().display().fmt(f)
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_held_directory_swapped_for_another_is_not_followed() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("cache");
+        let dir = Dir::private(&path).unwrap();
+        dir.at("a").replace_with(b"ours").unwrap();
+        // Someone moves the directory away and puts their own, with a planted file, in its
+        // place: the mount still reads and writes its own.
+        std::fs::rename(&path, base.path().join("moved")).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("a"), b"planted").unwrap();
+        assert_eq!(dir.at("a").read().unwrap(), b"ours");
+        dir.at("b").replace_with(b"new").unwrap();
+        assert!(
+            !path.join("b").exists(),
+            "written into the swapped-in directory"
+        );
+        assert_eq!(std::fs::read(base.path().join("moved/b")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn a_link_or_a_fifo_in_place_of_a_file_is_refused() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = Dir::private(&base.path().join("d")).unwrap();
+        let secret = base.path().join("secret");
+        std::fs::write(&secret, b"root:x").unwrap();
+        std::os::unix::fs::symlink(&secret, base.path().join("d/link")).unwrap();
+        let e = dir.at("link").open(Open::new().read(true)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        let e = dir
+            .at("link")
+            .open(Open::new().write(true).truncate(true))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert_eq!(std::fs::read(&secret).unwrap(), b"root:x");
+        std::fs::create_dir(base.path().join("d/sub")).unwrap();
+        let e = dir.at("sub").open(Open::new().read(true)).unwrap_err();
+        assert!(e.to_string().contains("directory") || e.kind() == io::ErrorKind::PermissionDenied);
+        assert!(!dir.at("link").stat().unwrap().is_file);
+    }
+
+    #[test]
+    fn a_private_directory_is_narrowed_and_a_link_to_one_refused() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("d");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir = Dir::private(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        std::os::unix::fs::symlink(&path, base.path().join("l")).unwrap();
+        let e = Dir::private(&base.path().join("l")).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        std::os::unix::fs::symlink(&path, path.join("loop")).unwrap();
+        let e = dir.child("loop").unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let sub = dir.child("sub").unwrap();
+        sub.at("x").replace_with(b"1").unwrap();
+        let mut names = sub.names().unwrap();
+        names.sort();
+        assert_eq!(names, vec![OsString::from("x")]);
+    }
+}
