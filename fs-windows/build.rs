@@ -4,7 +4,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    #[cfg(windows)]
+    #[cfg(all(windows, feature = "winfsp"))]
     {
         let windows_target = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("windows");
         let cross_check = std::env::var_os("CARGO_FEATURE_CROSS_CHECK").is_some();

@@ -8,14 +8,15 @@
 //! `status`, `drain` (start every pending upload now), `skip-drain` (leave pending uploads
 //! staged at unmount) and `unmount`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use fs_core::cli::{lifecycle, progress};
-use fs_core::store::ObjectStore;
+use fs_core::cli::progress;
 use fs_core::write::writeback::Status;
-use fs_core::Filesystem;
-use tokio::net::windows::named_pipe::ServerOptions;
+#[cfg(feature = "winfsp")]
+use {
+    fs_core::cli::lifecycle, fs_core::store::ObjectStore, fs_core::Filesystem, std::sync::Arc,
+    tokio::net::windows::named_pipe::ServerOptions,
+};
 
 /// The pipe of the mount at `mountpoint`.
 pub fn pipe_name(mountpoint: &str) -> String {
@@ -24,9 +25,11 @@ pub fn pipe_name(mountpoint: &str) -> String {
 }
 
 /// Most instances of the pipe at once: one listening, the rest busy answering.
+#[cfg(feature = "winfsp")]
 pub const MAX_PIPE_INSTANCES: usize = 8;
 
 /// Creates one instance of `pipe` with `security`'s DACL.
+#[cfg(feature = "winfsp")]
 fn instance(
     pipe: &str,
     security: &crate::security::Descriptor,
@@ -51,6 +54,7 @@ fn instance(
 }
 
 /// Starts answering requests on `pipe`. `unmount` is signalled when a client asks for it.
+#[cfg(feature = "winfsp")]
 pub fn serve<S: ObjectStore>(
     rt: &tokio::runtime::Runtime,
     fs: Arc<Filesystem<S>>,

@@ -14,10 +14,16 @@
 
 #![cfg(windows)]
 
+#[cfg(feature = "winfsp")]
 mod adapter;
 mod control;
+#[cfg(feature = "winfsp")]
 mod dll;
+#[cfg(feature = "winfsp")]
 mod mount;
+// The descriptors serve the WinFsp volume and the mount's control pipe; without WinFsp only
+// their test uses them.
+#[cfg_attr(not(feature = "winfsp"), allow(dead_code))]
 mod security;
 
 use std::process::ExitCode;
@@ -100,7 +106,15 @@ pub struct MountArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        #[cfg(feature = "winfsp")]
         Command::Mount(args) => return mount::run(*args),
+        #[cfg(not(feature = "winfsp"))]
+        Command::Mount(_) => Err(
+            "this bucketdrive.exe was built without WinFsp support (the \
+                                  `winfsp` feature), so it cannot mount; perfdiag, status and \
+                                  unmount work"
+                .to_string(),
+        ),
         Command::Perfdiag(args) => return fs_core::cli::perfdiag::command(*args),
         Command::Status { mountpoint, wait } => {
             let pipe = control::pipe_name(&mountpoint);

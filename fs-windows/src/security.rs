@@ -8,16 +8,12 @@
 //! mount runs as SYSTEM, so the launcher's users get in only through a `--security` that names
 //! their group (see `docs/windows.md`).
 
-use windows::core::{HSTRING, PWSTR};
-use windows::Win32::Foundation::{CloseHandle, LocalFree, HANDLE, HLOCAL};
+use windows::core::HSTRING;
+use windows::Win32::Foundation::{LocalFree, HLOCAL};
 use windows::Win32::Security::Authorization::{
-    ConvertSidToStringSidW, ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
+    ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
 };
-use windows::Win32::Security::{
-    GetSecurityDescriptorLength, GetTokenInformation, TokenUser, PSECURITY_DESCRIPTOR, TOKEN_QUERY,
-    TOKEN_USER,
-};
-use windows::Win32::System::Threading::{GetCurrentProcess, OpenProcessToken};
+use windows::Win32::Security::{GetSecurityDescriptorLength, PSECURITY_DESCRIPTOR};
 
 /// The files' descriptor for the user whose SID is `me`: owner and group `me`; full access
 /// for SYSTEM, Administrators and `me`, nobody else.
@@ -34,48 +30,8 @@ pub fn pipe_sddl(me: &str) -> String {
 /// The SID of the user this process runs as, in its string form (`S-1-5-21-…`, or `S-1-5-18`
 /// for SYSTEM).
 pub fn current_user_sid() -> Result<String, String> {
-    let fail = |what: &str, e: windows::core::Error| {
-        format!("cannot read this process's user ({what}): {e}")
-    };
-    let mut token = HANDLE::default();
-    // SAFETY: the pseudo-handle of the current process needs no closing; `token` is written
-    // on success and closed below.
-    unsafe { OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &mut token) }
-        .map_err(|e| fail("OpenProcessToken", e))?;
-    let result = (|| {
-        let mut len = 0u32;
-        // SAFETY: a size query: no buffer, `len` receives the size needed (the call "fails"
-        // with ERROR_INSUFFICIENT_BUFFER, which is expected).
-        let _ = unsafe { GetTokenInformation(token, TokenUser, None, 0, &mut len) };
-        let mut buf = vec![0u64; (len as usize).div_ceil(8).max(1)];
-        // SAFETY: `buf` has room for `len` bytes and is 8-aligned, as TOKEN_USER needs.
-        unsafe {
-            GetTokenInformation(
-                token,
-                TokenUser,
-                Some(buf.as_mut_ptr().cast()),
-                len,
-                &mut len,
-            )
-        }
-        .map_err(|e| fail("GetTokenInformation", e))?;
-        // SAFETY: on success the buffer starts with a TOKEN_USER whose SID points inside it.
-        let sid = unsafe { (*buf.as_ptr().cast::<TOKEN_USER>()).User.Sid };
-        let mut text = PWSTR::null();
-        // SAFETY: `sid` is valid while `buf` lives; Windows allocates `text` with LocalAlloc.
-        unsafe { ConvertSidToStringSidW(sid, &mut text) }
-            .map_err(|e| fail("ConvertSidToStringSidW", e))?;
-        // SAFETY: `text` is a NUL-terminated string Windows allocated; freed after copying.
-        let s = unsafe {
-            let s = text.to_string().map_err(|e| e.to_string());
-            let _ = LocalFree(Some(HLOCAL(text.0.cast())));
-            s
-        }?;
-        Ok(s)
-    })();
-    // SAFETY: `token` was opened above.
-    let _ = unsafe { CloseHandle(token) };
-    result
+    fs_core::platform::current_user_sid()
+        .map_err(|e| format!("cannot read this process's user: {e}"))
 }
 
 /// The largest descriptor that works. WinFsp first asks for a file's descriptor with a
@@ -149,6 +105,7 @@ impl Descriptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use windows::core::PWSTR;
     use windows::Win32::Security::Authorization::ConvertSecurityDescriptorToStringSecurityDescriptorW;
     use windows::Win32::Security::{DACL_SECURITY_INFORMATION, OWNER_SECURITY_INFORMATION};
 

@@ -10,10 +10,16 @@
 # then the daemon's resident memory (VmRSS) and peak (VmHWM) from /proc. Prints both side by
 # side and the difference per object. BD_BEFORE=path/to/bucketdrive (an earlier build) adds its
 # rows for the same buckets, as the baseline of a change. Needs root and /dev/fuse.
+#
+# SERVER=emulator fills fake-gcs-server; SERVER=generated serves the same objects from
+# tests/bench/listing_server.py, which makes them up as they are listed. The emulator cannot
+# hold 100,000 such objects in reasonable time (each upload scans the bucket), so generated is
+# the default above 20,000 objects; at 20,000 both can be run to compare them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OBJECTS=${OBJECTS:-100000}
 META_KIB=${META_KIB:-8}
+if [ "$OBJECTS" -gt 20000 ]; then SERVER=${SERVER:-generated}; else SERVER=${SERVER:-emulator}; fi
 
 source tests/emulator.sh
 # BD=path/to/bucketdrive measures another build (an earlier commit's, say) instead.
@@ -26,12 +32,20 @@ MNT=$WORK/mnt
 mkdir -p "$MNT"
 cleanup() {
   mountpoint -q "$MNT" && { umount "$MNT" 2>/dev/null || umount -l "$MNT"; }
-  kill "$EMU_PID" 2>/dev/null || true
+  kill "${EMU_PID:-}" 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-start_emulator
+if [ "$SERVER" = generated ]; then
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  python3 tests/bench/listing_server.py "$port" "$OBJECTS" "$META_KIB" &
+  EMU_PID=$!
+  EMU_URL="http://127.0.0.1:$port"
+  until curl -sf "$EMU_URL/storage/v1/b/plain" >/dev/null; do sleep 0.1; done
+else
+  start_emulator
+fi
 fill() {  # bucket, metadata KiB
   create_bucket "$1"
   python3 - "$EMU_URL" "$1" "$OBJECTS" "$2" <<'PY'
@@ -80,9 +94,13 @@ measure() {  # bucket [binary] -> "rss_kib hwm_kib seconds"
   echo "$rss $hwm $secs"
 }
 
-echo "== filling: $OBJECTS objects without metadata, $OBJECTS with $META_KIB KiB each"
-fill plain 0
-fill hostile "$META_KIB"
+if [ "$SERVER" = generated ]; then
+  echo "== generated buckets: $OBJECTS objects without metadata, $OBJECTS with $META_KIB KiB each"
+else
+  echo "== filling the emulator: $OBJECTS objects without metadata, $OBJECTS with $META_KIB KiB each"
+  fill plain 0
+  fill hostile "$META_KIB"
+fi
 row() { awk -v l="$1" -v r="$2" -v h="$3" -v s="$4" 'BEGIN { printf "%-40s %12.1f %12.1f %8s\n", l, r / 1024, h / 1024, s }'; }
 printf '%-40s %12s %12s %8s\n' "bucket ($OBJECTS objects, ls -l)" "VmRSS MiB" "VmHWM MiB" "ls s"
 for build in ${BD_BEFORE:+before} this; do

@@ -194,12 +194,12 @@ async fn writes_are_refused_read_only() {
     };
     assert_eq!(fs.open(f.ino, w).await.unwrap_err(), FsError::ReadOnly);
     assert_eq!(
-        fs.mkdir(ROOT_INO, "d").await.unwrap_err().errno(),
-        libc::EROFS
+        fs.mkdir(ROOT_INO, "d").await.unwrap_err(),
+        FsError::ReadOnly
     );
     assert_eq!(
-        fs.create(ROOT_INO, "n").await.unwrap_err().errno(),
-        libc::EROFS
+        fs.create(ROOT_INO, "n").await.unwrap_err(),
+        FsError::ReadOnly
     );
     assert_eq!(store.counts.write.load(Ordering::SeqCst), 0);
 }

@@ -110,6 +110,65 @@ pub fn private_file(options: &mut std::fs::OpenOptions) -> &mut std::fs::OpenOpt
     options
 }
 
+/// Windows: `path` in the `\\?\` form, absolute, so calls made with it are not limited to
+/// `MAX_PATH` (260 characters): a default cache directory under a long profile path, for a
+/// bucket name of up to 222 characters, passes it. std does the same for its own calls;
+/// this is for the ones made directly.
+#[cfg(windows)]
+pub(crate) fn verbatim(path: &Path) -> std::path::PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let text = abs.as_os_str().to_string_lossy();
+    if text.starts_with(r"\\?\") || text.starts_with(r"\\.\") {
+        abs
+    } else if let Some(unc) = text.strip_prefix(r"\\") {
+        std::path::PathBuf::from(format!(r"\\?\UNC\{unc}"))
+    } else {
+        std::path::PathBuf::from(format!(r"\\?\{text}"))
+    }
+}
+
+/// A NUL-terminated UTF-16 copy of `path`, for the Windows calls std does not wrap.
+#[cfg(windows)]
+pub(crate) fn wide(path: &Path) -> Vec<u16> {
+    use std::os::windows::ffi::OsStrExt;
+    path.as_os_str()
+        .encode_wide()
+        .chain(std::iter::once(0))
+        .collect()
+}
+
+/// Makes `file` sparse where the platform needs telling, so a staging or read-cache file of a
+/// large object takes disk only for the bytes written into it. Linux files are sparse already;
+/// NTFS files only after `FSCTL_SET_SPARSE` (without it, a write at 10 GiB allocates and
+/// zeroes the 10 GiB before it). Best effort: FAT has no sparse files.
+pub fn make_sparse(file: &File) {
+    #[cfg(windows)]
+    {
+        use std::os::windows::io::AsRawHandle;
+        use windows_sys::Win32::System::Ioctl::FSCTL_SET_SPARSE;
+        use windows_sys::Win32::System::IO::DeviceIoControl;
+        let mut returned = 0u32;
+        // SAFETY: a control code that takes and returns no buffer, on a handle we own.
+        let ok = unsafe {
+            DeviceIoControl(
+                file.as_raw_handle(),
+                FSCTL_SET_SPARSE,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+                0,
+                &mut returned,
+                std::ptr::null_mut(),
+            )
+        };
+        if ok == 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "cannot make a file sparse");
+        }
+    }
+    #[cfg(not(windows))]
+    let _ = file;
+}
+
 /// Reads exactly `buf.len()` bytes at `offset`.
 #[cfg(unix)]
 pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {

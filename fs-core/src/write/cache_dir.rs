@@ -219,7 +219,7 @@ impl Owner {
     /// The name of this owner's own directory: `<bucket>-<CRC32C of bucket/prefix>`.
     pub fn dir_name(&self) -> String {
         let crc = crc32c::crc32c(format!("{}/{}", self.bucket, self.prefix).as_bytes());
-        format!("{}-{crc:08x}", self.bucket)
+        local_name(format!("{}-{crc:08x}", self.bucket))
     }
 }
 
@@ -369,7 +369,19 @@ fn per_mountpoint_name(owner: &Owner, mountpoint: &Path) -> String {
     let crc = crc32c::crc32c(
         format!("{}/{}@{}", owner.bucket, owner.prefix, mountpoint.display()).as_bytes(),
     );
-    format!("{}-{crc:08x}", owner.bucket)
+    local_name(format!("{}-{crc:08x}", owner.bucket))
+}
+
+/// A directory name made from a bucket's, as this platform can hold it. Windows reserves the
+/// device names (`CON`, `NUL`, `LPT1`, … with any extension), and a bucket may be called
+/// `con.example`: there the first letter is shown full-width (`ｃon.example-…`), as the drive
+/// shows such object names ([`crate::windows::names`]). Bucket names hold nothing else Windows
+/// forbids. Elsewhere the name is used as it is.
+fn local_name(name: String) -> String {
+    #[cfg(windows)]
+    return crate::windows::names::to_windows(&name);
+    #[cfg(not(windows))]
+    name
 }
 
 /// What a candidate directory holds, as far as a mount of `owner` is concerned.
@@ -678,7 +690,18 @@ fn legacy_is_safe(dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+
+    /// Sets a directory's mode bits. Windows has none (our directories get a protected DACL
+    /// there, checked by platform::windows_acl's test), so there it does nothing.
+    fn set_mode(p: &Path, m: u32) {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        }
+        #[cfg(windows)]
+        let _ = (p, m);
+    }
 
     /// The bucket most tests mount.
     fn owner() -> Owner {
@@ -699,8 +722,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("c");
         let first = CacheDir::open(&root).unwrap();
-        let mode = std::fs::metadata(&root).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
+        #[cfg(unix)]
+        assert_eq!(mode(&root), 0o700);
         let err = CacheDir::open(&root).unwrap_err();
         assert!(err.contains("in use by another mount"), "{err}");
         let tag = first.tag().to_string();
@@ -711,28 +734,34 @@ mod tests {
         assert_ne!(other.tag(), tag, "each cache directory has its own");
     }
 
+    #[cfg(unix)]
     fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
         std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
     }
 
+    #[cfg(unix)]
     #[test]
     fn a_named_shared_dir_keeps_its_mode() {
         let dir = tempfile::tempdir().unwrap();
         let shared = dir.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
-        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        set_mode(&shared, 0o1777);
         let CacheRoot {
             path: root, legacy, ..
         } = CacheRoot::in_user_dir(&shared, &owner(), false).unwrap();
         assert_eq!(root, shared.join(SUBDIR));
         assert!(!legacy);
         let c = CacheDir::open(&root).unwrap();
+        #[cfg(unix)]
         assert_eq!(
             mode(&shared),
             0o1777,
             "the named directory is not ours to change"
         );
+        #[cfg(unix)]
         assert_eq!(mode(&root), 0o700);
+        #[cfg(unix)]
         assert_eq!(mode(&root.join("staging")), 0o700);
         drop(c);
         // A named directory that does not exist yet is made private, with ours inside.
@@ -740,25 +769,29 @@ mod tests {
         let root = CacheRoot::in_user_dir(&fresh, &owner(), false).unwrap();
         assert!(!fresh.exists(), "deciding creates nothing");
         CacheDir::open(&root.path).unwrap();
+        #[cfg(unix)]
         assert_eq!(mode(&fresh), 0o700);
     }
 
+    #[cfg(unix)]
     #[test]
     fn our_directories_are_narrowed_and_links_refused() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("c");
         std::fs::create_dir(&root).unwrap();
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        set_mode(&root, 0o755);
         drop(CacheDir::open(&root).unwrap());
+        #[cfg(unix)]
         assert_eq!(mode(&root), 0o700);
 
         let elsewhere = dir.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
-        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o755)).unwrap();
+        set_mode(&elsewhere, 0o755);
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
         let err = CacheDir::open(&link).unwrap_err();
         assert!(err.contains("symbolic link"), "{err}");
+        #[cfg(unix)]
         assert_eq!(
             mode(&elsewhere),
             0o755,
@@ -774,6 +807,7 @@ mod tests {
         assert!(err.contains("symbolic link"), "{err}");
     }
 
+    #[cfg(unix)]
     #[test]
     fn a_directory_of_someone_else_is_refused() {
         // SAFETY: geteuid cannot fail.
@@ -810,7 +844,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let named = dir.path().join("old");
         let tag = earlier_layout(&named);
-        std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o750)).unwrap();
+        set_mode(&named, 0o750);
         // It did not record its bucket: used only when the user says it is this mount's.
         let err = CacheRoot::in_user_dir(&named, &owner(), false).unwrap_err();
         assert!(!err.contains('\n'), "one line: {err}");
@@ -835,6 +869,7 @@ mod tests {
         assert_eq!(read_marker(&named), Marker::Owner(owner()));
         assert_eq!(c.tag(), tag, "the same tag, so its parts are recognised");
         assert_eq!(c.staging_ids().unwrap().0, vec![7]);
+        #[cfg(unix)]
         assert_eq!(mode(&named), 0o750, "left as it is");
         assert!(!named.join(SUBDIR).exists());
     }
@@ -903,13 +938,14 @@ mod tests {
         assert!(sub.legacy);
     }
 
+    #[cfg(unix)]
     #[test]
     fn an_earlier_layout_others_may_write_to_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let named = dir.path().join("old");
         earlier_layout(&named);
         for m in [0o2770, 0o777, 0o1777] {
-            std::fs::set_permissions(&named, std::fs::Permissions::from_mode(m)).unwrap();
+            set_mode(&named, m);
             for _ in 0..2 {
                 let err = CacheRoot::in_user_dir(&named, &owner(), true).unwrap_err();
                 assert!(!err.contains('\n'), "one line: {err}");
@@ -920,9 +956,10 @@ mod tests {
                 );
             }
             assert!(!named.join(SUBDIR).exists(), "deciding creates nothing");
+            #[cfg(unix)]
             assert_eq!(mode(&named), m, "and changes nothing");
         }
-        std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o2750)).unwrap();
+        set_mode(&named, 0o2750);
         assert!(
             CacheRoot::in_user_dir(&named, &owner(), true)
                 .unwrap()
@@ -937,7 +974,7 @@ mod tests {
         // A project with `staging/` and `journal/` of its own, and even a `mount-id`.
         for d in ["staging", "journal"] {
             std::fs::create_dir_all(work.join(d)).unwrap();
-            std::fs::set_permissions(work.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+            set_mode(&work.join(d), 0o755);
         }
         let theirs = work.join("staging").join("0000000000000001.data");
         std::fs::write(&theirs, b"theirs").unwrap();
@@ -947,6 +984,7 @@ mod tests {
         assert!(!root.legacy);
         drop(CacheDir::open_at(&root.path, root.legacy).unwrap());
         assert!(theirs.exists());
+        #[cfg(unix)]
         assert_eq!(mode(&work.join("staging")), 0o755, "theirs, left alone");
         assert!(!work.join("lock").exists());
         // `lock` with only one of the two directories is not it either.
@@ -974,6 +1012,7 @@ mod tests {
         );
         c.claim(&a, false).unwrap();
         assert_eq!(read_marker(&root), Marker::Owner(a.clone()));
+        #[cfg(unix)]
         assert_eq!(
             mode(&root.join(MARKER)),
             0o600,
@@ -1122,6 +1161,45 @@ mod tests {
         std::fs::write(ours.join("journal").join("journal.log"), b"").unwrap();
         let root = CacheRoot::in_user_dir(&named, &owner(), false).unwrap();
         assert_eq!((root.path, root.adopt), (ours, false));
+    }
+
+    #[test]
+    fn a_bucket_named_like_a_device_gets_a_cache_directory_too() {
+        // `con.example` is a valid bucket name; on Windows `CON` with any extension names the
+        // console, never a directory.
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("bucketdrive");
+        for bucket in ["con.example", "nul", "lpt1.x", "aux.y.z"] {
+            let who = Owner::new(bucket, "");
+            let root = CacheRoot::default_in(&home, &who, Path::new("/mnt/a"), false).unwrap();
+            let c = CacheDir::open(&root.path).unwrap();
+            c.claim(&who, false).unwrap();
+            StagingFilePut::put(&c, 1, b"staged");
+            assert_eq!(
+                std::fs::read(c.staging(1).path()).unwrap(),
+                b"staged",
+                "{bucket}"
+            );
+            drop(c);
+            assert_eq!(
+                CacheRoot::default_in(&home, &who, Path::new("/mnt/b"), false).unwrap(),
+                root,
+                "{bucket}: found again"
+            );
+        }
+    }
+
+    /// Writes `bytes` as staging file `id` through the held directory.
+    struct StagingFilePut;
+    impl StagingFilePut {
+        fn put(c: &CacheDir, id: u64, bytes: &[u8]) {
+            use std::io::Write;
+            let mut f = c
+                .staging(id)
+                .open(Open::new().write(true).create(true).truncate(true))
+                .unwrap();
+            f.write_all(bytes).unwrap();
+        }
     }
 
     #[test]

@@ -404,11 +404,22 @@ impl Journal {
     /// fails while it cannot), and if the rename cannot be made durable the next sync tries
     /// again ([`Log::dir_unsynced`]).
     fn compact(&self, log: &mut Log) -> io::Result<()> {
-        let len = write_new_log(&self.dir, &log.live)?;
-        self.dir.at(NEW_LOG).rename_to(&self.dir.at(LOG))?;
-        log.poisoned = true;
+        let (file, len) = write_new_log(&self.dir, &log.live)?;
+        // Appends move to the new log's handle before the rename (a handle follows its file
+        // across a rename), so the old log has no handle of ours open when it is replaced:
+        // Windows without POSIX rename semantics (before Windows 10 1809, FAT, Wine) refuses
+        // to rename over a file that has open handles. A sync running meanwhile may still hold
+        // one; then this compaction fails and is tried again later.
+        drop(std::mem::replace(&mut log.file, Arc::new(file)));
+        if let Err(e) = self.dir.at(NEW_LOG).rename_to(&self.dir.at(LOG)) {
+            // Nothing changed on disk: appends go on to the old log.
+            match open_for_append(&self.dir) {
+                Ok(old) => log.file = Arc::new(old),
+                Err(_) => log.poisoned = true,
+            }
+            return Err(e);
+        }
         log.dir_unsynced = true;
-        log.file = Arc::new(open_for_append(&self.dir)?);
         log.len = len;
         log.lines = log.live.len();
         log.poisoned = false;
@@ -633,11 +644,15 @@ fn read_legacy(
     Ok(read)
 }
 
-/// Writes `live` as a new log beside the old one (not yet in place), durable; returns its length.
-fn write_new_log(dir: &Arc<Dir>, live: &HashMap<u64, Record>) -> io::Result<u64> {
-    let mut f = dir
-        .at(NEW_LOG)
-        .open(Open::new().write(true).create(true).truncate(true))?;
+/// Writes `live` as a new log beside the old one (not yet in place), durable; returns it open
+/// for appends, and its length.
+fn write_new_log(dir: &Arc<Dir>, live: &HashMap<u64, Record>) -> io::Result<(File, u64)> {
+    let at = dir.at(NEW_LOG);
+    match at.remove() {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = at.open(Open::new().append(true).create_new(true))?;
     let mut ids: Vec<&u64> = live.keys().collect();
     ids.sort();
     let mut text = String::new();
@@ -648,7 +663,7 @@ fn write_new_log(dir: &Arc<Dir>, live: &HashMap<u64, Record>) -> io::Result<u64>
     }
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
-    Ok(text.len() as u64)
+    Ok((f, text.len() as u64))
 }
 
 fn open_for_append(dir: &Arc<Dir>) -> io::Result<File> {
@@ -658,10 +673,24 @@ fn open_for_append(dir: &Arc<Dir>) -> io::Result<File> {
 /// Writes `live` as a new log, atomically and durably replacing the old one; returns it open
 /// for appends, and its length.
 fn rewrite(dir: &Arc<Dir>, live: &HashMap<u64, Record>) -> io::Result<(File, u64)> {
-    let len = write_new_log(dir, live)?;
+    let (file, len) = write_new_log(dir, live)?;
     dir.at(NEW_LOG).rename_to(&dir.at(LOG))?;
     dir.sync()?;
-    Ok((open_for_append(dir)?, len))
+    Ok((file, len))
+}
+
+/// The live records of the journal in `dir`, read without changing anything there (a
+/// journal another mount holds open is never rewritten under it).
+#[cfg(test)]
+pub(crate) fn read_records(dir: &Path) -> io::Result<Vec<Record>> {
+    let bytes = match std::fs::read(dir.join(LOG)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut records: Vec<Record> = replay(&bytes).0.into_values().collect();
+    records.sort_by_key(|r| r.id);
+    Ok(records)
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ impl StagingFile {
     }
 
     fn sized(at: &At, file: File, size: u64, present: RangeSet) -> io::Result<Self> {
+        platform::make_sparse(&file);
         file.set_len(size)?;
         Ok(StagingFile {
             at: at.clone(),
@@ -428,7 +429,6 @@ pub fn crc32c_of_file(file: &File, size: u64) -> io::Result<u32> {
 mod tests {
     use super::*;
     use crate::platform::Dir;
-    use std::path::Path;
 
     /// The file `name` of the held directory `dir`.
     fn at(dir: &tempfile::TempDir, name: &str) -> At {
@@ -463,7 +463,7 @@ mod tests {
         std::fs::create_dir(&shared).unwrap();
         let cache = shared.join("cache");
         std::fs::create_dir(&cache).unwrap();
-        let mode = |p: &Path, m: u32| {
+        let mode = |p: &std::path::Path, m: u32| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
         };
         mode(&shared, 0o777);
@@ -502,12 +502,12 @@ mod tests {
     #[test]
     fn sparse_fill_never_overwrites_user_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f.data");
         // A 100-byte object of which nothing is local yet.
         let mut f = StagingFile::create(&at(&dir, "f.data"), 100, RangeSet::new()).unwrap();
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
+            let p = dir.path().join("f.data");
             let mode = std::fs::metadata(&p).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }

@@ -204,6 +204,7 @@ pub fn open_write(at: &At) -> io::Result<File> {
 /// Creates (or empties) the cache file of `id` and writes its header.
 pub fn create(at: &At, id: &Identity) -> io::Result<File> {
     let file = at.open(Open::new().write(true).create(true).truncate(true))?;
+    platform::make_sparse(&file);
     let header = id
         .header()
         .ok_or_else(|| io::Error::other("object name too long for a cache header"))?;
