@@ -187,11 +187,9 @@ impl Dir {
 
     #[cfg(windows)]
     fn open_checked(path: &Path, _parent: Option<(&Dir, &str)>, narrow: bool) -> io::Result<Dir> {
-        use std::os::windows::fs::{MetadataExt, OpenOptionsExt};
         use windows_sys::Win32::Foundation::{GENERIC_READ, GENERIC_WRITE};
         use windows_sys::Win32::Storage::FileSystem::{
-            FILE_ATTRIBUTE_REPARSE_POINT, FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_OPEN_REPARSE_POINT,
-            FILE_SHARE_READ, FILE_SHARE_WRITE, WRITE_DAC,
+            FILE_FLAG_BACKUP_SEMANTICS, FILE_SHARE_READ, FILE_SHARE_WRITE, WRITE_DAC,
         };
         // A directory opens only with backup semantics; without FILE_SHARE_DELETE in the
         // share mode nobody can rename or delete it while this handle is open. Write access
@@ -200,17 +198,30 @@ impl Dir {
         if narrow {
             access |= WRITE_DAC;
         }
-        let hold = std::fs::OpenOptions::new()
-            .access_mode(access)
-            .share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE)
-            .custom_flags(FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT)
-            .open(super::verbatim(path))?;
-        let meta = hold.metadata()?;
-        if meta.file_attributes() & FILE_ATTRIBUTE_REPARSE_POINT != 0 {
-            return Err(refuse(None, "it is a link or junction"));
-        }
-        if !meta.is_dir() {
+        let mut options = std::fs::OpenOptions::new();
+        std::os::windows::fs::OpenOptionsExt::access_mode(&mut options, access);
+        std::os::windows::fs::OpenOptionsExt::share_mode(
+            &mut options,
+            FILE_SHARE_READ | FILE_SHARE_WRITE,
+        );
+        let hold = win::open_no_link(&super::verbatim(path), &options, FILE_FLAG_BACKUP_SEMANTICS)
+            .map_err(|e| match e {
+                win::Refused::Link => refuse(None, "it is a link or junction"),
+                win::Refused::Io(e) => e,
+            })?;
+        if !hold.metadata()?.is_dir() {
             return Err(refuse(None, "it is not a directory"));
+        }
+        // Ours, as on Unix: a directory someone else made (and so can change the DACL of
+        // again) is refused, whatever it holds. Made by an elevated process it belongs to
+        // Administrators; by a service, to SYSTEM.
+        let me = super::windows_acl::current_user_sid()?;
+        let owner = super::windows_acl::owner_sid(&hold)?;
+        if ![me.as_str(), "S-1-5-32-544", "S-1-5-18"].contains(&owner.as_str()) {
+            return Err(refuse(
+                None,
+                &format!("it belongs to {owner}, not to us ({me})"),
+            ));
         }
         if narrow {
             super::windows_acl::make_private(&hold)?;
@@ -262,9 +273,8 @@ impl Dir {
     /// Windows: `FlushFileBuffers` on the held handle, which NTFS takes on a directory opened
     /// for writing and answers by writing the directory's metadata and its log. File systems
     /// that refuse it (FAT, some network redirectors: "access denied" or "invalid function")
-    /// have nothing more to give; there the journal relies on what it does anyway: every
-    /// staging file and log is flushed itself before a record names it, and renames are made
-    /// with `MOVEFILE_WRITE_THROUGH` ([`At::rename_to`]).
+    /// have nothing more to give: the mount warns once and goes on, each staging file and log
+    /// still flushed itself before a record names it.
     pub fn sync(&self) -> io::Result<()> {
         #[cfg(unix)]
         return rustix::fs::fsync(&self.fd).map_err(io::Error::from);
@@ -276,7 +286,10 @@ impl Dir {
                     Some(1 /* ERROR_INVALID_FUNCTION */ | 5 /* ERROR_ACCESS_DENIED */)
                 ) =>
             {
-                tracing::debug!(dir = %self.path.display(), error = %e, "this file system cannot flush a directory");
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(dir = %self.path.display(), error = %e, "this file system cannot flush a directory: after a power cut, files created or renamed in the cache directory just before it may be missing (use an NTFS --cache-dir)");
+                });
                 Ok(())
             }
             r => r,
@@ -307,7 +320,9 @@ impl At {
     #[cfg(unix)]
     pub fn open(&self, how: Open) -> io::Result<File> {
         use rustix::fs::{fstat, openat, FileType, Mode, OFlags};
-        let mut flags = OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        // NONBLOCK: a FIFO in place of a file must not hang the open (it is refused below);
+        // it changes nothing for a regular file.
+        let mut flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
         flags |= match (how.read, how.write || how.append) {
             (true, true) => OFlags::RDWR,
             (false, true) => OFlags::WRONLY,
@@ -320,9 +335,6 @@ impl At {
             flags |= OFlags::CREATE | OFlags::EXCL;
         } else if how.create {
             flags |= OFlags::CREATE;
-        }
-        if how.truncate {
-            flags |= OFlags::TRUNC;
         }
         let fd = openat(
             &self.dir.fd,
@@ -346,32 +358,37 @@ impl At {
                 &format!("it belongs to user {}, not to us (user {me})", st.st_uid),
             ));
         }
-        Ok(File::from(fd))
+        // Emptied only once it is known to be a file of ours.
+        let file = File::from(fd);
+        if how.truncate {
+            file.set_len(0)?;
+        }
+        Ok(file)
     }
 
-    /// Opens the file, refusing a reparse point (a link or junction) in its place.
+    /// Opens the file, refusing a link or junction in its place.
     #[cfg(windows)]
     pub fn open(&self, how: Open) -> io::Result<File> {
-        use std::os::windows::fs::{MetadataExt, OpenOptionsExt};
-        use windows_sys::Win32::Storage::FileSystem::{
-            FILE_ATTRIBUTE_REPARSE_POINT, FILE_FLAG_OPEN_REPARSE_POINT,
-        };
-        let file = std::fs::OpenOptions::new()
+        let mut options = std::fs::OpenOptions::new();
+        options
             .read(how.read)
             .write(how.write)
             .append(how.append)
             .create(how.create)
-            .create_new(how.create_new)
-            .truncate(how.truncate)
-            .share_mode(super::SHARE_ALL)
-            .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT)
-            .open(super::verbatim(&self.path()))?;
-        let meta = file.metadata()?;
-        if meta.file_attributes() & FILE_ATTRIBUTE_REPARSE_POINT != 0 || !meta.is_file() {
-            return Err(refuse(
-                Some(&self.path()),
-                "it is a link or not a regular file",
-            ));
+            .create_new(how.create_new);
+        std::os::windows::fs::OpenOptionsExt::share_mode(&mut options, super::SHARE_ALL);
+        let file =
+            win::open_no_link(&super::verbatim(&self.path()), &options, 0).map_err(
+                |e| match e {
+                    win::Refused::Link => refuse(Some(&self.path()), "it is a link or junction"),
+                    win::Refused::Io(e) => e,
+                },
+            )?;
+        if !file.metadata()?.is_file() {
+            return Err(refuse(Some(&self.path()), "it is not a regular file"));
+        }
+        if how.truncate {
+            file.set_len(0)?;
         }
         Ok(file)
     }
@@ -418,32 +435,12 @@ impl At {
             to.name.as_str(),
         )
         .map_err(io::Error::from);
-        // Windows: MoveFileEx with MOVEFILE_WRITE_THROUGH, which returns only once the rename
-        // is on the disk (a directory cannot always be flushed: [`Dir::sync`]). It does not
-        // replace a target that has open handles; the mount never renames over a file it
-        // holds open (the journal moves its handle first).
+        // Windows: std renames with MoveFileEx and, where that is refused (a target with
+        // open handles), again with POSIX semantics if the file system has them (NTFS,
+        // Windows 10 1809 and later). The directory's flush that follows makes the rename
+        // durable ([`Dir::sync`]).
         #[cfg(windows)]
-        {
-            use windows_sys::Win32::Storage::FileSystem::{
-                MoveFileExW, MOVEFILE_REPLACE_EXISTING, MOVEFILE_WRITE_THROUGH,
-            };
-            let (from, to) = (
-                super::wide(&super::verbatim(&self.path())),
-                super::wide(&super::verbatim(&to.path())),
-            );
-            // SAFETY: both names are NUL-terminated UTF-16 strings that outlive the call.
-            let ok = unsafe {
-                MoveFileExW(
-                    from.as_ptr(),
-                    to.as_ptr(),
-                    MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH,
-                )
-            };
-            if ok == 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        }
+        std::fs::rename(super::verbatim(&self.path()), super::verbatim(&to.path()))
     }
 
     /// What the file is, not following a link in its place.
@@ -469,15 +466,112 @@ impl At {
         }
         #[cfg(windows)]
         {
-            let meta = std::fs::symlink_metadata(super::verbatim(&self.path()))?;
+            let p = super::verbatim(&self.path());
+            let meta = std::fs::symlink_metadata(&p)?;
+            // What a sparse file really takes (read-cache files are sparse): its allocation.
+            let disk_bytes = match meta.is_file() {
+                true => win::allocation(&std::fs::File::open(&p)?).unwrap_or(meta.len()),
+                false => 0,
+            };
             Ok(Stat {
                 len: meta.len(),
                 is_file: meta.is_file(),
                 is_dir: meta.is_dir(),
                 modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                disk_bytes: meta.len(),
+                disk_bytes,
             })
         }
+    }
+}
+
+/// Windows: opening without following links, and what a handle tells.
+#[cfg(windows)]
+mod win {
+    use std::fs::{File, OpenOptions};
+    use std::io;
+    use std::os::windows::fs::OpenOptionsExt;
+    use std::os::windows::io::AsRawHandle;
+    use std::path::Path;
+    use windows_sys::Win32::Storage::FileSystem::{
+        FileAttributeTagInfo, FileStandardInfo, GetFileInformationByHandle,
+        GetFileInformationByHandleEx, BY_HANDLE_FILE_INFORMATION, FILE_ATTRIBUTE_REPARSE_POINT,
+        FILE_ATTRIBUTE_TAG_INFO, FILE_FLAG_OPEN_REPARSE_POINT, FILE_STANDARD_INFO,
+    };
+
+    pub enum Refused {
+        Link,
+        Io(io::Error),
+    }
+
+    impl From<io::Error> for Refused {
+        fn from(e: io::Error) -> Self {
+            Refused::Io(e)
+        }
+    }
+
+    /// Fills a `T` by `GetFileInformationByHandleEx`.
+    fn info<T>(f: &File, class: i32) -> io::Result<T> {
+        // SAFETY: plain data the call fills in; `T` is the struct `class` asks for.
+        let mut out: T = unsafe { std::mem::zeroed() };
+        // SAFETY: `out` is as large as the class needs; the handle is open.
+        let ok = unsafe {
+            GetFileInformationByHandleEx(
+                f.as_raw_handle(),
+                class,
+                (&mut out as *mut T).cast(),
+                std::mem::size_of::<T>() as u32,
+            )
+        };
+        if ok == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(out)
+    }
+
+    /// The volume and file index: which file a handle is on.
+    fn identity(f: &File) -> io::Result<(u32, u32, u32)> {
+        // SAFETY: plain data the call fills in.
+        let mut i: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+        // SAFETY: `i` is the struct the call fills; the handle is open.
+        if unsafe { GetFileInformationByHandle(f.as_raw_handle(), &mut i) } == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((i.dwVolumeSerialNumber, i.nFileIndexHigh, i.nFileIndexLow))
+    }
+
+    /// Bytes the file takes on disk (a sparse file's allocation).
+    pub fn allocation(f: &File) -> io::Result<u64> {
+        Ok(info::<FILE_STANDARD_INFO>(f, FileStandardInfo)?.AllocationSize as u64)
+    }
+
+    /// Opens `path` with `options` (and `flags`), refusing a link: a reparse point whose tag
+    /// is a name surrogate (symbolic links, junctions, mount points), the counterpart of
+    /// `O_NOFOLLOW`. Other reparse points stand for the file itself (a deduplicated file, a
+    /// OneDrive placeholder, a container layer's file): such a file is opened again with its
+    /// filter's processing, which reads its real bytes, and must be the same file.
+    pub fn open_no_link(path: &Path, options: &OpenOptions, flags: u32) -> Result<File, Refused> {
+        let first = options
+            .clone()
+            .custom_flags(flags | FILE_FLAG_OPEN_REPARSE_POINT)
+            .open(path)?;
+        let tag = info::<FILE_ATTRIBUTE_TAG_INFO>(&first, FileAttributeTagInfo)?;
+        if tag.FileAttributes & FILE_ATTRIBUTE_REPARSE_POINT == 0 {
+            return Ok(first);
+        }
+        // IsReparseTagNameSurrogate.
+        if tag.ReparseTag & 0x2000_0000 != 0 {
+            return Err(Refused::Link);
+        }
+        let second = options
+            .clone()
+            .create(false)
+            .create_new(false)
+            .custom_flags(flags)
+            .open(path)?;
+        if identity(&second)? != identity(&first)? {
+            return Err(Refused::Link);
+        }
+        Ok(second)
     }
 }
 
@@ -527,6 +621,25 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
         assert_eq!(std::fs::read(&secret).unwrap(), b"root:x");
+        // A FIFO: refused at once, not waited on for a writer.
+        let fifo = std::ffi::CString::new(base.path().join("d/fifo").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = dir.at("fifo").open(Open::new().read(true)).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // Someone else's file (root can make one) is refused before it is emptied.
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = base.path().join("d/theirs");
+            std::fs::write(&theirs, b"theirs").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(4321), None).unwrap();
+            let e = dir
+                .at("theirs")
+                .open(Open::new().write(true).truncate(true))
+                .unwrap_err();
+            assert!(e.to_string().contains("belongs to user 4321"), "{e}");
+            assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+        }
         std::fs::create_dir(base.path().join("d/sub")).unwrap();
         let e = dir.at("sub").open(Open::new().read(true)).unwrap_err();
         assert!(e.to_string().contains("directory") || e.kind() == io::ErrorKind::PermissionDenied);
@@ -611,6 +724,24 @@ mod portable_tests {
 #[cfg(all(test, windows))]
 mod windows_tests {
     use super::*;
+
+    /// A symbolic link in place of a cache file is never followed, as `O_NOFOLLOW` refuses
+    /// it on Unix: its target is neither read nor emptied. (Windows refuses it as a link;
+    /// Wine keeps such a link as a Unix one that its own opens of it do not resolve, so only
+    /// the failure is checked here.)
+    #[test]
+    fn a_link_in_place_of_a_file_is_not_followed() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = Dir::private(&base.path().join("d")).unwrap();
+        let secret = base.path().join("secret");
+        std::fs::write(&secret, b"secret").unwrap();
+        std::os::windows::fs::symlink_file(&secret, base.path().join("d").join("link")).unwrap();
+        assert!(dir.at("link").open(Open::new().read(true)).is_err());
+        assert!(dir.at("link").read().is_err());
+        let truncating = Open::new().write(true).truncate(true);
+        assert!(dir.at("link").open(truncating).is_err());
+        assert_eq!(std::fs::read(&secret).unwrap(), b"secret");
+    }
 
     /// Windows' form of Unix's held descriptor: while the mount holds its directory, nobody
     /// can rename or remove it, so its path keeps leading to it.

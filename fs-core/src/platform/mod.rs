@@ -127,16 +127,6 @@ pub(crate) fn verbatim(path: &Path) -> std::path::PathBuf {
     }
 }
 
-/// A NUL-terminated UTF-16 copy of `path`, for the Windows calls std does not wrap.
-#[cfg(windows)]
-pub(crate) fn wide(path: &Path) -> Vec<u16> {
-    use std::os::windows::ffi::OsStrExt;
-    path.as_os_str()
-        .encode_wide()
-        .chain(std::iter::once(0))
-        .collect()
-}
-
 /// Makes `file` sparse where the platform needs telling, so a staging or read-cache file of a
 /// large object takes disk only for the bytes written into it. Linux files are sparse already;
 /// NTFS files only after `FSCTL_SET_SPARSE` (without it, a write at 10 GiB allocates and

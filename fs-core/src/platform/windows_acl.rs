@@ -75,6 +75,43 @@ pub fn current_user_sid() -> io::Result<String> {
     result
 }
 
+/// The SID of the owner of the file or directory open as `f`, in its string form.
+pub fn owner_sid(f: &std::fs::File) -> io::Result<String> {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Security::Authorization::GetSecurityInfo;
+    use windows_sys::Win32::Security::{OWNER_SECURITY_INFORMATION, PSID};
+    let mut owner: PSID = std::ptr::null_mut();
+    let mut sd: PSECURITY_DESCRIPTOR = std::ptr::null_mut();
+    // SAFETY: the handle is open with READ_CONTROL; Windows allocates `sd` (which `owner`
+    // points into), freed below.
+    let rc = unsafe {
+        GetSecurityInfo(
+            f.as_raw_handle(),
+            SE_FILE_OBJECT,
+            OWNER_SECURITY_INFORMATION,
+            &mut owner,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut sd,
+        )
+    };
+    if rc != ERROR_SUCCESS {
+        return Err(io::Error::from_raw_os_error(rc as i32));
+    }
+    let mut text: *mut u16 = std::ptr::null_mut();
+    // SAFETY: `owner` is valid while `sd` lives; Windows allocates `text`.
+    let result = if unsafe { ConvertSidToStringSidW(owner, &mut text) } == 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        // SAFETY: `text` is the string Windows just allocated.
+        Ok(unsafe { take_local_wide(text) })
+    };
+    // SAFETY: allocated by Windows above.
+    unsafe { LocalFree(sd) };
+    result
+}
+
 /// The DACL of the mount's directories, for the user whose SID is `me`: protected, full
 /// access for SYSTEM, Administrators and `me`, inherited by files (OI) and folders (CI).
 pub fn private_dacl_sddl(me: &str) -> String {

@@ -176,12 +176,18 @@ impl CacheDir {
 /// Reads the tag of the cache directory `root`, making one the first time.
 fn mount_tag(root: &Arc<Dir>) -> Result<String, String> {
     let at = root.at("mount-id");
-    if let Ok(text) = at.read() {
-        let text = String::from_utf8_lossy(&text);
-        let tag = text.trim();
-        if tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Ok(tag.to_string());
+    match at.read() {
+        Ok(text) => {
+            let text = String::from_utf8_lossy(&text);
+            let tag = text.trim();
+            if tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Ok(tag.to_string());
+            }
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        // A tag that cannot be read is not replaced: with a new one, the mount would take
+        // its own temporary parts in the bucket for another mount's.
+        Err(e) => return Err(format!("cannot read {at}: {e}")),
     }
     let tag = format!("{:016x}", rand::random::<u64>());
     at.replace_with(tag.as_bytes())

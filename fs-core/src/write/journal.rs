@@ -195,13 +195,19 @@ pub struct Journal {
     /// Syncs still to fail (tests only: [`Self::fail_syncs`]).
     #[cfg(test)]
     failing_syncs: std::sync::atomic::AtomicU32,
+    /// Compactions still to fail after writing the new log, both at the rename and at the
+    /// reopen of the old log (tests only: [`Self::fail_compactions`]).
+    #[cfg(test)]
+    failing_compactions: std::sync::atomic::AtomicU32,
     /// Damaged logs or records set aside at open.
     corrupt: Vec<PathBuf>,
 }
 
 #[derive(Debug)]
 struct Log {
-    file: Arc<File>,
+    /// The log appends go to; `None` only while poisoned by a compaction that could neither
+    /// rename the new log into place nor reopen the old one.
+    file: Option<Arc<File>>,
     live: HashMap<u64, Record>,
     lines: usize,
     /// Bytes of whole lines in the file; an append that fails is cut back to this.
@@ -236,7 +242,7 @@ impl Journal {
         Ok(Journal {
             dir,
             log: Mutex::new(Log {
-                file: Arc::new(file),
+                file: Some(Arc::new(file)),
                 lines: live.len(),
                 live,
                 len,
@@ -251,6 +257,8 @@ impl Journal {
             failing: std::sync::atomic::AtomicU32::new(0),
             #[cfg(test)]
             failing_syncs: std::sync::atomic::AtomicU32::new(0),
+            #[cfg(test)]
+            failing_compactions: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -296,7 +304,7 @@ impl Journal {
     /// Makes every change appended so far durable, on the calling thread (a background
     /// thread's: it blocks).
     pub fn sync_now(&self) -> io::Result<()> {
-        let point = self.sync_point();
+        let point = self.sync_point()?;
         point.sync()?;
         self.synced(&point);
         Ok(())
@@ -333,12 +341,16 @@ impl Journal {
         }
         let json = serde_json::to_string(&change).map_err(io::Error::other)?;
         let text = format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes()));
-        if let Err(e) = (&*log.file).write_all(text.as_bytes()) {
-            // Cut the torn line off, so the next append starts on a line of its own.
-            if log.file.set_len(log.len).is_err() {
-                log.poisoned = true;
+        {
+            // Scoped: a compaction below must find no handle of ours on the old log.
+            let file = log.file.as_ref().ok_or_else(poisoned)?;
+            if let Err(e) = (&**file).write_all(text.as_bytes()) {
+                // Cut the torn line off, so the next append starts on a line of its own.
+                if file.set_len(log.len).is_err() {
+                    log.poisoned = true;
+                }
+                return Err(e);
             }
-            return Err(e);
         }
         log.len += text.len() as u64;
         change.apply(&mut log.live);
@@ -368,21 +380,22 @@ impl Journal {
         if take_one(&self.failing_syncs) {
             return Err(io::Error::other("sync failed (injected)"));
         }
-        let point = self.sync_point();
+        let point = self.sync_point()?;
         let point = platform::blocking(move || point.sync().map(|()| point)).await?;
         self.synced(&point);
         *synced = point.upto;
         Ok(())
     }
 
-    /// What a sync started now must cover.
-    fn sync_point(&self) -> SyncPoint {
+    /// What a sync started now must cover. None while poisoned without a log: lines were
+    /// appended to a log no handle reaches any more, so nothing can be said durable.
+    fn sync_point(&self) -> io::Result<SyncPoint> {
         let log = self.log.lock();
-        SyncPoint {
-            file: log.file.clone(),
+        Ok(SyncPoint {
+            file: log.file.clone().ok_or_else(poisoned)?,
             dir: log.dir_unsynced.then(|| self.dir.clone()),
             upto: log.appended,
-        }
+        })
     }
 
     /// Notes that `point` was synced: a compaction's rename it covered is durable, unless yet
@@ -390,7 +403,11 @@ impl Journal {
     fn synced(&self, point: &SyncPoint) {
         if point.dir.is_some() {
             let mut log = self.log.lock();
-            if Arc::ptr_eq(&log.file, &point.file) {
+            if log
+                .file
+                .as_ref()
+                .is_some_and(|f| Arc::ptr_eq(f, &point.file))
+            {
                 log.dir_unsynced = false;
             }
         }
@@ -405,20 +422,35 @@ impl Journal {
     /// again ([`Log::dir_unsynced`]).
     fn compact(&self, log: &mut Log) -> io::Result<()> {
         let (file, len) = write_new_log(&self.dir, &log.live)?;
-        // Appends move to the new log's handle before the rename (a handle follows its file
-        // across a rename), so the old log has no handle of ours open when it is replaced:
-        // Windows without POSIX rename semantics (before Windows 10 1809, FAT, Wine) refuses
-        // to rename over a file that has open handles. A sync running meanwhile may still hold
-        // one; then this compaction fails and is tried again later.
-        drop(std::mem::replace(&mut log.file, Arc::new(file)));
-        if let Err(e) = self.dir.at(NEW_LOG).rename_to(&self.dir.at(LOG)) {
-            // Nothing changed on disk: appends go on to the old log.
-            match open_for_append(&self.dir) {
-                Ok(old) => log.file = Arc::new(old),
+        // Our handle on the old log is closed before the rename, and appends then go to the
+        // new log's handle (a handle follows its file across a rename): Windows without POSIX
+        // rename semantics (before Windows 10 1809, FAT, Wine) refuses to rename over a file
+        // that has open handles. A sync running meanwhile may still hold one; then this
+        // compaction fails, and is tried again later.
+        log.file = None;
+        #[cfg(test)]
+        let injected = take_one(&self.failing_compactions);
+        #[cfg(not(test))]
+        let injected = false;
+        let renamed = match injected {
+            true => Err(io::Error::other("rename failed (injected)")),
+            false => self.dir.at(NEW_LOG).rename_to(&self.dir.at(LOG)),
+        };
+        if let Err(e) = renamed {
+            // Nothing changed on disk: appends go on to the old log, reopened. The new log's
+            // handle closes here, so the next attempt can remove it at once (Windows keeps a
+            // removed file that is still open under its name until it closes).
+            drop(file);
+            match open_for_append(&self.dir).and_then(|f| match injected {
+                true => Err(io::Error::other("reopen failed (injected)")),
+                false => Ok(f),
+            }) {
+                Ok(old) => log.file = Some(Arc::new(old)),
                 Err(_) => log.poisoned = true,
             }
             return Err(e);
         }
+        log.file = Some(Arc::new(file));
         log.dir_unsynced = true;
         log.len = len;
         log.lines = log.live.len();
@@ -465,6 +497,14 @@ impl Journal {
         self.failing.store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Makes the next `n` compactions fail after writing the new log: its rename, and the
+    /// reopen of the old log after it.
+    #[cfg(test)]
+    pub fn fail_compactions(&self, n: u32) {
+        self.failing_compactions
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Makes the next `n` syncs fail (after their lines were appended).
     #[cfg(test)]
     pub fn fail_syncs(&self, n: u32) {
@@ -483,6 +523,11 @@ impl Journal {
     pub fn next_id(&self) -> io::Result<u64> {
         Ok(self.log.lock().live.keys().max().map_or(1, |id| id + 1))
     }
+}
+
+/// The error of a journal that has no log to append to or sync (see [`Log::file`]).
+fn poisoned() -> io::Error {
+    io::Error::other("the journal has no log to write to; it is rewritten at the next change")
 }
 
 /// Takes one of the injected failures left in `n` (tests only).
@@ -861,6 +906,38 @@ mod tests {
         );
     }
 
+    /// A compaction that can neither rename its new log into place nor reopen the old one
+    /// leaves lines appended to a log nothing holds: no sync may then call them durable (the
+    /// journal had gone on syncing the new log's handle and said so). The next change rewrites
+    /// the log whole, and then every record is there.
+    #[tokio::test]
+    async fn a_compaction_that_loses_its_log_never_calls_a_line_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        j.fail_compactions(1);
+        let mut id = 0;
+        let mut failed = None;
+        while failed.is_none() && id < 4 * COMPACT_SLACK as u64 {
+            id += 1;
+            failed = j.put(&rec(id, UploadState::Staged)).await.err();
+            if failed.is_none() && id % 10 != 0 {
+                failed = j.remove(id).await.err();
+            }
+        }
+        let e = failed.expect("the change that met the failed compaction is not called durable");
+        assert!(e.to_string().contains("no log"), "{e}");
+        // The next change rewrites the log whole: every change acknowledged before is there
+        // (the one that failed may be there or not; its caller was told it failed).
+        j.put(&rec(id + 1, UploadState::Staged)).await.unwrap();
+        drop(j);
+        let (all, corrupt) = Journal::open(dir.path()).unwrap().load_all().unwrap();
+        assert!(corrupt.is_empty());
+        let ids: Vec<u64> = all.iter().map(|r| r.id).filter(|&i| i != id).collect();
+        let mut want: Vec<u64> = (1..id).filter(|i| i % 10 == 0).collect();
+        want.push(id + 1);
+        assert_eq!(ids, want);
+    }
+
     #[tokio::test]
     async fn compaction_keeps_exactly_the_live_records() {
         let dir = tempfile::tempdir().unwrap();
@@ -942,10 +1019,11 @@ mod tests {
         // write_all leaves them, then the cut-back the journal does on failure.
         {
             let log = j.log.lock();
-            (&*log.file)
+            let file = log.file.as_ref().unwrap();
+            (&**file)
                 .write_all(b"0000abcd {\"put\":{\"id\":9,")
                 .unwrap();
-            log.file.set_len(log.len).unwrap();
+            file.set_len(log.len).unwrap();
         }
         j.put(&rec(2, UploadState::Staged)).await.unwrap();
         drop(j);
