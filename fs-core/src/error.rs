@@ -48,6 +48,11 @@ pub enum FsError {
     CrossDevice,
     #[error("not a symbolic link")]
     NotSymlink,
+    /// The file is open in a way that admits no other kind of open now (its readers pass
+    /// through to a read-cache file: no writer may join them), as Linux refuses to write an
+    /// executable being run.
+    #[error("file busy")]
+    FileBusy,
     /// A Windows read at or past the end of a file.
     #[error("end of file")]
     EndOfFile,
@@ -77,6 +82,7 @@ impl FsError {
             FsError::NoSpace => libc::ENOSPC,
             FsError::CrossDevice => libc::EXDEV,
             FsError::NotSymlink => libc::EINVAL,
+            FsError::FileBusy => libc::ETXTBSY,
             FsError::EndOfFile => libc::EIO,
             FsError::Io(_) => libc::EIO,
         }
@@ -102,6 +108,7 @@ impl FsError {
             FsError::NoSpace => 0xC000_007F,   // STATUS_DISK_FULL
             FsError::CrossDevice => 0xC000_00D4, // STATUS_NOT_SAME_DEVICE
             FsError::NotSymlink => 0xC000_0275, // STATUS_NOT_A_REPARSE_POINT
+            FsError::FileBusy => 0xC000_0043,  // STATUS_SHARING_VIOLATION
             FsError::EndOfFile => 0xC000_0011, // STATUS_END_OF_FILE
             FsError::Io(_) => 0xC000_0185,     // STATUS_IO_DEVICE_ERROR
         }

@@ -21,12 +21,16 @@ use crate::read::{PrefetchConfig, ReadBudget, ReadCache, Reader};
 use crate::store::{ObjectMeta, ObjectStore};
 use crate::write::writeback::{ItemRef, LocalAttr, Status, WriteBack, WriteConfig};
 
+pub use passthrough::{KernelIo, PassthroughMode};
+
 /// The result of opening a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Opened {
     pub fh: u64,
     /// The kernel may keep page-cache contents from earlier opens: the generation is unchanged.
     pub keep_cache: bool,
+    /// How the kernel does this handle's I/O ([`passthrough`]).
+    pub io: KernelIo,
 }
 
 /// How a file is opened.
@@ -67,6 +71,8 @@ enum FileIo<S: ObjectStore> {
 struct OpenFile<S: ObjectStore> {
     ino: Ino,
     io: FileIo<S>,
+    /// Whether [`passthrough`] counted it as passing through, for its release.
+    through: std::sync::atomic::AtomicBool,
 }
 
 /// Reserved key prefix (under the mount prefix) for temporary upload parts; hidden from listings.
@@ -84,6 +90,7 @@ pub struct Filesystem<S: ObjectStore> {
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_fh: AtomicU64,
     claiming: Claiming,
+    pt: passthrough::Passthrough,
 }
 
 /// Names this mount is creating exclusively, or making directories of, right now. A second
@@ -130,6 +137,28 @@ fn local_entry(key: &str, la: LocalAttr) -> Entry {
 }
 
 impl<S: ObjectStore> Filesystem<S> {
+    /// Turns passthrough on: the adapter found the kernel offering it and may register backing
+    /// files. From now on read opens of files wholly in the read cache may pass through
+    /// ([`passthrough`]). Call before the first open.
+    pub fn enable_passthrough(&self) {
+        self.pt.enable();
+    }
+
+    /// Whether [`Self::enable_passthrough`] was called.
+    pub fn passthrough_enabled(&self) -> bool {
+        self.pt.enabled()
+    }
+
+    /// The adapter could not pass handle `fh` through after all (the kernel refused its
+    /// backing file): it is answered as a handle through the daemon, and counted so.
+    pub fn passthrough_refused(&self, fh: u64) {
+        if let Ok(f) = self.handle(fh) {
+            if f.through.swap(false, Ordering::SeqCst) {
+                self.pt.refused(f.ino);
+            }
+        }
+    }
+
     /// A read-only filesystem: every change fails with `EROFS`.
     pub fn new(store: Arc<S>, cfg: MountConfig) -> Self {
         let cfg = Arc::new(cfg);
@@ -148,6 +177,7 @@ impl<S: ObjectStore> Filesystem<S> {
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             claiming: Claiming::default(),
+            pt: passthrough::Passthrough::default(),
         }
     }
 
@@ -316,7 +346,11 @@ impl<S: ObjectStore> Filesystem<S> {
         self.dirs
             .lock()
             .insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
-        Ok(Opened { fh, keep_cache })
+        Ok(Opened {
+            fh,
+            keep_cache,
+            io: KernelIo::Daemon,
+        })
     }
 
     /// Entries after `offset`. With `plus`, the caller must call [`Self::remember`] for each
@@ -415,6 +449,7 @@ mod exclusive;
 mod handles;
 #[cfg(test)]
 mod offline_tests;
+pub mod passthrough;
 #[cfg(test)]
 mod regressions;
 #[cfg(test)]

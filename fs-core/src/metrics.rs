@@ -46,6 +46,7 @@ use crate::store::StoreErrorKind;
 
 pub const READ_BYTES: &str = "bucketdrive_read_bytes_total";
 pub const FETCHED_BYTES: &str = "bucketdrive_fetched_bytes_total";
+pub const PASSTHROUGH_OPENS: &str = "bucketdrive_passthrough_opens_total";
 pub const PREFETCH_HITS: &str = "bucketdrive_prefetch_hits_total";
 pub const PREFETCH_MISSES: &str = "bucketdrive_prefetch_misses_total";
 pub const READ_BUDGET_IN_USE: &str = "bucketdrive_read_budget_bytes_in_use";
@@ -114,6 +115,11 @@ fn kind_label(kind: StoreErrorKind) -> &'static str {
 /// `n` bytes returned to a reader.
 pub fn read_bytes(n: u64) {
     counter!(READ_BYTES).increment(n);
+}
+
+/// A file opened for the kernel to read itself from the read cache (FUSE passthrough).
+pub fn passthrough_open() {
+    counter!(PASSTHROUGH_OPENS).increment(1);
 }
 
 /// `n` bytes downloaded from the bucket.
@@ -262,6 +268,11 @@ pub fn describe() {
             FETCHED_BYTES,
             Unit::Bytes,
             "Bytes downloaded from the bucket: read-ahead parts, demand reads, fills of staged files.",
+        ),
+        (
+            PASSTHROUGH_OPENS,
+            Unit::Count,
+            "Opens the kernel serves itself from a read-cache file (FUSE passthrough); their reads reach none of the byte counters.",
         ),
         (
             PREFETCH_HITS,

@@ -4,18 +4,19 @@
 //! moves into the task and is answered from there, so a slow bucket request never blocks the
 //! FUSE session loop or other requests. Errors are mapped by `FsError::errno`, never here.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use fs_core::filesystem::{CreateFlags, OpenMode};
+use fs_core::filesystem::{CreateFlags, KernelIo, OpenMode, Opened};
 use fs_core::store::{ObjectStore, Posix};
 use fs_core::{Attr, FsError, Kind};
 use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    BackingId, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 /// Kernel tuning applied at `init`.
@@ -28,11 +29,102 @@ pub const MAX_READAHEAD: u32 = 1024 * 1024;
 pub struct FuseAdapter<S: ObjectStore> {
     fs: Arc<fs_core::Filesystem<S>>,
     rt: tokio::runtime::Handle,
+    /// Whether to ask the kernel for passthrough, or why not (the core's decision).
+    passthrough: Result<(), String>,
+    backings: Arc<Backings>,
 }
 
 impl<S: ObjectStore> FuseAdapter<S> {
-    pub fn new(fs: Arc<fs_core::Filesystem<S>>, rt: tokio::runtime::Handle) -> Self {
-        FuseAdapter { fs, rt }
+    pub fn new(
+        fs: Arc<fs_core::Filesystem<S>>,
+        rt: tokio::runtime::Handle,
+        passthrough: Result<(), String>,
+    ) -> Self {
+        FuseAdapter {
+            fs,
+            rt,
+            passthrough,
+            backings: Arc::default(),
+        }
+    }
+}
+
+/// The kernel's registrations of backing files for passthrough handles. The kernel wants one
+/// backing file per inode, the same id for every passthrough handle of it, so a registration
+/// lives while any such handle is open; the core hands every one of them the same file.
+#[derive(Default)]
+struct Backings(parking_lot::Mutex<BackingTable>);
+
+#[derive(Default)]
+struct BackingTable {
+    by_ino: HashMap<u64, (Arc<BackingId>, usize)>,
+    by_fh: HashMap<u64, u64>,
+}
+
+impl Backings {
+    /// The registration for handle `fh` of `ino`: the inode's own if it has one, else `file`
+    /// registered through `reply`.
+    fn register(
+        &self,
+        ino: u64,
+        fh: u64,
+        file: &std::fs::File,
+        register: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
+    ) -> std::io::Result<Arc<BackingId>> {
+        let mut t = self.0.lock();
+        let id = match t.by_ino.get_mut(&ino) {
+            Some((id, n)) => {
+                *n += 1;
+                id.clone()
+            }
+            None => {
+                let id = Arc::new(register(file)?);
+                t.by_ino.insert(ino, (id.clone(), 1));
+                id
+            }
+        };
+        t.by_fh.insert(fh, ino);
+        Ok(id)
+    }
+
+    /// Handle `fh` is released: its inode's registration goes with the last of them.
+    fn release(&self, fh: u64) {
+        let mut t = self.0.lock();
+        let Some(ino) = t.by_fh.remove(&fh) else {
+            return;
+        };
+        if let Some((_, n)) = t.by_ino.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                t.by_ino.remove(&ino);
+            }
+        }
+    }
+}
+
+/// Answers an open the way the core decided: through the daemon, or passing through to a
+/// backing file. A backing file the kernel refuses makes the handle an ordinary one.
+fn reply_open<S: ObjectStore>(
+    fs: &fs_core::Filesystem<S>,
+    backings: &Backings,
+    ino: u64,
+    o: Opened,
+    reply: ReplyOpen,
+) {
+    let fh = FileHandle(o.fh);
+    match &o.io {
+        KernelIo::Passthrough(file) => {
+            match backings.register(ino, o.fh, file, |f| reply.open_backing(f)) {
+                Ok(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the kernel refused a passthrough file; reading through the daemon");
+                    fs.passthrough_refused(o.fh);
+                    reply.opened(fh, FopenFlags::empty());
+                }
+            }
+        }
+        KernelIo::Daemon if o.keep_cache => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
+        KernelIo::Daemon => reply.opened(fh, FopenFlags::empty()),
     }
 }
 
@@ -86,16 +178,37 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
+        // Passthrough (the kernel reading files wholly in the read cache itself) is offered
+        // only without the write-back cache, and only with a stack depth for backing files.
+        let passthrough = match &self.passthrough {
+            Ok(()) => match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) => {
+                    let _ = config.set_max_stack_depth(1);
+                    Ok(())
+                }
+                Err(_) => Err("the kernel does not offer it (Linux 6.9 or later)".to_string()),
+            },
+            Err(why) => Err(why.clone()),
+        };
         // The write-back cache lets the kernel buffer writes in the page cache and send them in
         // batches; it flushes them to us before every FLUSH (close) and FSYNC, so what those
         // guarantee is unchanged. See docs/semantics.md for what it changes about sizes.
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_WRITEBACK_CACHE;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if passthrough.is_err() {
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
         if let Err(missing) = config.add_capabilities(wanted) {
             let _ = config.add_capabilities(wanted & !missing);
+        }
+        match passthrough {
+            Ok(()) => {
+                self.fs.enable_passthrough();
+                tracing::info!("FUSE passthrough: on (files wholly in the read cache, once checked, are read by the kernel itself)");
+            }
+            Err(why) => tracing::info!("FUSE passthrough: off ({why})"),
         }
         tracing::info!("FUSE session initialised");
         Ok(())
@@ -314,17 +427,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             write: !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY),
             truncate: flags.0 & libc::O_TRUNC != 0,
         };
-        let fs = self.fs.clone();
+        let (fs, backings) = (self.fs.clone(), self.backings.clone());
         self.rt.spawn(async move {
             match fs.open(ino.0, mode).await {
-                Ok(o) => {
-                    let f = if o.keep_cache {
-                        FopenFlags::FOPEN_KEEP_CACHE
-                    } else {
-                        FopenFlags::empty()
-                    };
-                    reply.opened(FileHandle(o.fh), f)
-                }
+                Ok(o) => reply_open(&fs, &backings, ino.0, o, reply),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -400,6 +506,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         reply: ReplyEmpty,
     ) {
         let fs = self.fs.clone();
+        self.backings.release(fh.0);
         self.rt.spawn(async move {
             fs.release(fh.0).await;
             reply.ok();
@@ -552,6 +659,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.create_with(parent.0, &name, flags).await {
+                // A new file is written through the daemon.
                 Ok((a, o)) => reply.created(
                     &a.ttl,
                     &file_attr(&a),

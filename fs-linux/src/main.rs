@@ -99,6 +99,13 @@ pub struct MountArgs {
     /// Kernel read-ahead for the mount, so sequential reads arrive in 1 MiB requests.
     #[arg(long, value_parser = parse_size, default_value = "4MiB")]
     pub kernel_read_ahead: u64,
+    /// FUSE passthrough (Linux 6.9+, root mounts): the kernel reads a file wholly in the disk
+    /// read cache, once checked, straight from its cache file, at the local disk's speed.
+    /// `auto` uses it on --read-only mounts with a --read-cache-dir; `on` on writable ones too,
+    /// whose writes then go without the kernel's write-back cache; `off` never. The start-up
+    /// log says which, and why not.
+    #[arg(long, default_value = "auto", value_parser = parse_passthrough)]
+    pub passthrough: fs_core::filesystem::PassthroughMode,
     /// No program may be run from the mount (the kernel's noexec), as fstab's `noexec`.
     #[arg(long)]
     pub noexec: bool,
@@ -210,4 +217,8 @@ fn pin_malloc_mmap_threshold() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1024 * 1024);
     }
+}
+
+fn parse_passthrough(s: &str) -> Result<fs_core::filesystem::PassthroughMode, String> {
+    s.parse()
 }

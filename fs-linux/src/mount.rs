@@ -187,7 +187,12 @@ fn serve(
         cfg.posix_uids = args.posix_uids.clone();
         cfg.posix_gids = args.posix_gids.clone();
     })?;
-    let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone());
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let passthrough =
+        args.passthrough
+            .decide(root, args.common.read_only, fs.read_cache().is_some());
+    let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone(), passthrough);
     let kernel = KernelOptions {
         source: bucket,
         acl,

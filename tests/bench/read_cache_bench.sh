@@ -92,7 +92,7 @@ reread() {  # label: warm or cold
   # re-read (a later remount finds it on disk).
   sync
   if [ "$1" = cold ]; then
-    for f in "$WORK"/rcache/bucketdrive-read-cache/objects/*.cache; do
+    for f in "$WORK"/rcache/bucketdrive-read-cache/objects/*.data "$WORK"/rcache/bucketdrive-read-cache/objects/*.index; do
       dd if="$f" iflag=nocache count=0 status=none
     done
   fi

@@ -494,3 +494,208 @@ fn read_cache_serves_a_reread_after_remount_and_never_a_replaced_object() -> Res
     assert!(disk_use(&objects)? <= 8 * MIB as u64);
     Ok(())
 }
+
+/// Drops the kernel's page cache, so a read reaches the mount (or the backing file) again.
+fn drop_page_cache() -> Result<()> {
+    // SAFETY: sync cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1")?;
+    Ok(())
+}
+
+/// Opens and reads `path` whole until the mount's passthrough-opens counter moves (the first
+/// opens of a file wholly in the read cache start the mount's check of it, and pass through
+/// once it passed); returns the bytes of the read that passed through and how many bytes the
+/// daemon served meanwhile.
+fn read_until_passthrough(addr: &str, path: &std::path::Path) -> Result<(Vec<u8>, f64)> {
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        drop_page_cache()?;
+        let (opens, served) = (
+            metric(addr, "bucketdrive_passthrough_opens_total")?,
+            metric(addr, "bucketdrive_read_bytes_total")?,
+        );
+        let data = std::fs::read(path)?;
+        if metric(addr, "bucketdrive_passthrough_opens_total")? > opens {
+            let served = metric(addr, "bucketdrive_read_bytes_total")? - served;
+            return Ok((data, served));
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < end,
+            "no open passed through within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A file wholly in the disk read cache, once the mount checked it, is read by the kernel
+/// itself (FUSE passthrough): the right bytes, while the daemon serves none of them, also to
+/// two readers at once and to a reader of 4 KiB reads at offsets. Root mounts, `--read-only`.
+#[test]
+fn a_file_wholly_in_the_read_cache_is_read_by_the_kernel_itself() -> Result<()> {
+    let emu = setup("pthru")?;
+    let data = random_bytes(24 * MIB + 4321, 31);
+    emu.put("pthru", "f.bin", &data)?;
+    let rc = tempfile::Builder::new().prefix("bd-rcache").tempdir()?;
+    let rc_dir = rc.path().to_string_lossy().into_owned();
+    let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+    let args = [
+        "--read-only",
+        "--read-cache-dir",
+        &rc_dir,
+        "--metrics-addr",
+        &addr,
+    ];
+    // Fill the cache, then remount: the new mount finds it on disk.
+    let m = Mount::new(&emu, "pthru", &args)?;
+    assert_eq!(
+        sha256(&std::fs::read(m.path().join("f.bin"))?),
+        sha256(&data)
+    );
+    m.unmount()?;
+    let m = Mount::new(&emu, "pthru", &args)?;
+    assert!(
+        m.log_text().contains("FUSE passthrough: on"),
+        "{}",
+        m.log_tail(20)
+    );
+    let f = m.path().join("f.bin");
+    let (got, served) = read_until_passthrough(&addr, &f)?;
+    assert_eq!(sha256(&got), sha256(&data), "the right bytes");
+    assert_eq!(served, 0.0, "the daemon served none of them");
+    // Two readers at once share the inode's backing file; and 4 KiB reads at offsets.
+    drop_page_cache()?;
+    let served = metric(&addr, "bucketdrive_read_bytes_total")?;
+    let opens = metric(&addr, "bucketdrive_passthrough_opens_total")?;
+    let (a, b) = (std::fs::File::open(&f)?, std::fs::File::open(&f)?);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for _ in 0..200 {
+        let at = rng.gen_range(0..data.len() as u64 - 4096);
+        let (mut x, mut y) = ([0u8; 4096], [0u8; 4096]);
+        a.read_exact_at(&mut x, at)?;
+        b.read_exact_at(&mut y, data.len() as u64 - 4096 - at)?;
+        assert_eq!(&x[..], &data[at as usize..at as usize + 4096]);
+        let back = data.len() - 4096 - at as usize;
+        assert_eq!(&y[..], &data[back..back + 4096]);
+    }
+    assert_eq!(
+        metric(&addr, "bucketdrive_passthrough_opens_total")? - opens,
+        2.0
+    );
+    assert_eq!(metric(&addr, "bucketdrive_read_bytes_total")?, served);
+    drop((a, b));
+    assert_eq!(metric(&addr, "bucketdrive_fetched_bytes_total")?, 0.0);
+    m.unmount()
+}
+
+/// Without passthrough the same reads go through the daemon as before: `--passthrough off`,
+/// and a writable mount under `auto` (which says why in its log).
+#[test]
+fn passthrough_off_and_writable_mounts_read_through_the_daemon() -> Result<()> {
+    let emu = setup("pthruoff")?;
+    let data = random_bytes(6 * MIB + 99, 32);
+    emu.put("pthruoff", "f.bin", &data)?;
+    let rc = tempfile::Builder::new().prefix("bd-rcache").tempdir()?;
+    let rc_dir = rc.path().to_string_lossy().into_owned();
+    for extra in [&["--read-only", "--passthrough", "off"][..], &[][..]] {
+        let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+        let mut args = vec!["--read-cache-dir", &rc_dir, "--metrics-addr", &addr];
+        args.extend_from_slice(extra);
+        let m = Mount::new(&emu, "pthruoff", &args)?;
+        let log = m.log_text();
+        assert!(log.contains("FUSE passthrough: off"), "{log}");
+        for _ in 0..4 {
+            drop_page_cache()?;
+            assert_eq!(
+                sha256(&std::fs::read(m.path().join("f.bin"))?),
+                sha256(&data)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        assert_eq!(metric(&addr, "bucketdrive_passthrough_opens_total")?, 0.0);
+        assert!(metric(&addr, "bucketdrive_read_bytes_total")? >= 4.0 * data.len() as f64);
+        m.unmount()?;
+    }
+    Ok(())
+}
+
+/// `--passthrough on` on a writable mount: while readers pass through a file, opening it for
+/// writing (or truncating it) is refused with `ETXTBSY` ("text file busy", as for a program
+/// being run), never `EIO`, and nothing is written into the cache file; once they closed, the
+/// write goes through, reaches the bucket, and the next open reads it.
+#[test]
+fn a_writer_beside_passthrough_readers_is_told_the_file_is_busy() -> Result<()> {
+    let emu = setup("pthruw")?;
+    let old = random_bytes(5 * MIB + 7, 33);
+    emu.put("pthruw", "f.bin", &old)?;
+    let rc = tempfile::Builder::new().prefix("bd-rcache").tempdir()?;
+    let rc_dir = rc.path().to_string_lossy().into_owned();
+    let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+    let args = [
+        "--passthrough",
+        "on",
+        "--read-cache-dir",
+        &rc_dir,
+        "--metrics-addr",
+        &addr,
+    ];
+    let m = Mount::new(&emu, "pthruw", &args)?;
+    let f = m.path().join("f.bin");
+    let (got, _) = read_until_passthrough(&addr, &f)?;
+    assert_eq!(sha256(&got), sha256(&old));
+    let opens = metric(&addr, "bucketdrive_passthrough_opens_total")?;
+    let reader = std::fs::File::open(&f)?;
+    assert_eq!(
+        metric(&addr, "bucketdrive_passthrough_opens_total")?,
+        opens + 1.0
+    );
+    let busy = |r: std::io::Result<()>| -> Result<()> {
+        let e = r.expect_err("refused while readers pass through");
+        anyhow::ensure!(e.raw_os_error() == Some(libc::ETXTBSY), "{e}");
+        Ok(())
+    };
+    busy(std::fs::OpenOptions::new().write(true).open(&f).map(drop))?;
+    busy(std::fs::File::create(&f).map(drop))?;
+    busy(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .and_then(|w| w.set_len(1)),
+    )?;
+    let mut head = vec![0u8; 1 << 20];
+    reader.read_exact_at(&mut head, 0)?;
+    assert_eq!(&head[..], &old[..1 << 20], "the reader reads its bytes");
+    drop(reader);
+    // Closed: the write goes through.
+    let new = random_bytes(5 * MIB + 7, 34);
+    {
+        use std::io::Write;
+        let mut w = std::fs::OpenOptions::new().write(true).open(&f)?;
+        w.write_all(&new)?;
+        w.sync_all()?;
+    }
+    m.wait_uploaded(Duration::from_secs(60))?;
+    assert_eq!(sha256(&emu.get("pthruw", "f.bin")?), sha256(&new));
+    drop_page_cache()?;
+    assert_eq!(sha256(&std::fs::read(&f)?), sha256(&new), "read new");
+    m.unmount()?;
+    // Nothing was written into a cache file: the old generation's holds it whole, and no data
+    // file holds a mix.
+    let mut whole_old = 0;
+    for e in std::fs::read_dir(rc.path().join("bucketdrive-read-cache").join("objects"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "data")
+            && std::fs::metadata(&p)?.len() == old.len() as u64
+        {
+            let on_disk = std::fs::read(&p)?;
+            assert!(
+                on_disk == old || on_disk == new,
+                "{} holds a mix",
+                p.display()
+            );
+            whole_old += usize::from(on_disk == old);
+        }
+    }
+    assert_eq!(whole_old, 1, "the old generation's file is intact");
+    Ok(())
+}

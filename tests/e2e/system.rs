@@ -683,3 +683,54 @@ fn an_inherited_notify_socket_does_not_keep_mount_attached() -> Result<()> {
     wait_unmounted(&mnt, 10)?;
     Ok(())
 }
+
+/// An ordinary user's mount cannot register backing files (FUSE passthrough needs
+/// `CAP_SYS_ADMIN`): it says so at start-up and reads through the daemon, the same bytes.
+#[test]
+fn an_ordinary_users_mount_reads_without_passthrough() -> Result<()> {
+    let (uid, gid) = test_user()?;
+    allow_users_on_dev_fuse()?;
+    let (emu, seed) = setup("userpthru")?;
+    let s = Scratch::new(Some((uid, gid)))?;
+    let mnt = s.mnt();
+    let _guard = Unmounter(mnt.clone());
+    let mnt_s = mnt.to_string_lossy().to_string();
+    let rc = s.dir.path().join("cache").join("rc");
+    let args = [
+        "mount",
+        "userpthru",
+        &mnt_s,
+        "--endpoint",
+        &emu.url(),
+        "--anonymous",
+        "--read-only",
+        "--cache-dir",
+        &s.cache().to_string_lossy(),
+        "--read-cache-dir",
+        &rc.to_string_lossy(),
+        "--log-file",
+        &s.log().to_string_lossy(),
+    ]
+    .map(|a| a.to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(as_user(&s, &s.bin(), &args, b"")?, "mount as the user")?;
+    for _ in 0..3 {
+        let got = ok(
+            as_user(
+                &s,
+                Path::new("/bin/cat"),
+                &[&format!("{mnt_s}/dir/seed.bin")],
+                b"",
+            )?,
+            "read",
+        )?;
+        assert_eq!(sha256(&got), sha256(&seed));
+    }
+    let log = s.log_text();
+    assert!(
+        log.contains("FUSE passthrough: off (it needs root"),
+        "log: {log}"
+    );
+    ok(as_user(&s, &s.bin(), &["unmount", &mnt_s], b"")?, "unmount")?;
+    wait_unmounted(&mnt, 10)
+}

@@ -45,6 +45,10 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         let w = self.writer()?;
         let key = self.ns.key_of(&path);
+        if size.is_some() {
+            // Not while readers pass through the file (`ETXTBSY`, as for a program running).
+            self.pt.check_key(&key)?;
+        }
         let (held, unchanged) = self.held_item(fh, &key).await?;
         if size.is_none() && unchanged {
             // Only the time of a file as it is in the bucket (`touch` opens it first): patch

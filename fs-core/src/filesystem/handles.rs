@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{local_entry, CreateFlags, FileIo, Filesystem, OpenFile, OpenMode, Opened};
+use super::passthrough::Counted;
+use super::{local_entry, CreateFlags, FileIo, Filesystem, KernelIo, OpenFile, OpenMode, Opened};
 use crate::error::{FsError, FsResult};
 use crate::namespace::{Attr, Entry, Ino, Kind};
 use crate::read::Reader;
@@ -23,9 +24,12 @@ use crate::store::{ObjectMeta, ObjectStore, Posix, Precondition, StoreErrorKind,
 use crate::write::writeback::{ItemRef, LocalAttr, WriteBack};
 
 impl<S: ObjectStore> Filesystem<S> {
-    fn add_handle(&self, ino: Ino, io: FileIo<S>) -> u64 {
+    fn add_handle(&self, ino: Ino, io: FileIo<S>, counted: Counted) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().insert(fh, Arc::new(OpenFile { ino, io }));
+        let through = std::sync::atomic::AtomicBool::new(counted == Counted::Through);
+        self.files
+            .lock()
+            .insert(fh, Arc::new(OpenFile { ino, io, through }));
         fh
     }
 
@@ -47,14 +51,16 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         let key = self.ns.key_of(&path);
         if mode.write || mode.truncate {
+            // Refused before anything changes while readers pass through the file.
+            self.pt.check_key(&key)?;
             let item = self.open_item(&path, &key, mode.truncate).await?;
-            return Ok(self.staged_handle(ino, item, mode.write));
+            return self.staged_handle(ino, item, mode.write).await;
         }
         if let Some(w) = &self.write {
             // Only a live item: one retiring meanwhile would otherwise be replaced by a new,
             // empty one, and the reader would see an empty file.
             if let Some(item) = w.open_existing(&key).await {
-                return Ok(self.staged_handle(ino, item, false));
+                return self.staged_handle(ino, item, false).await;
             }
         }
         let (meta, keep_cache) = self.ns.open_file(ino).await?;
@@ -71,8 +77,20 @@ impl<S: ObjectStore> Filesystem<S> {
             self.prefetch,
         )
         .with_cache(cache);
-        let fh = self.add_handle(ino, FileIo::Read(Box::new(tokio::sync::Mutex::new(reader))));
-        Ok(Opened { fh, keep_cache })
+        // A generation wholly in the read cache, checked: the kernel may read it itself.
+        let (io, counted) = match &self.read_cache {
+            Some(rc) => {
+                let bucket = &self.cfg.bucket;
+                self.pt
+                    .read_open(ino, &key, || rc.passthrough_file(bucket, &meta))
+                    .await
+            }
+            None => self.pt.read_open(ino, &key, || async { None }).await,
+        };
+        let keep_cache = keep_cache && matches!(io, KernelIo::Daemon);
+        let reader = FileIo::Read(Box::new(tokio::sync::Mutex::new(reader)));
+        let fh = self.add_handle(ino, reader, counted);
+        Ok(Opened { fh, keep_cache, io })
     }
 
     /// Takes a write handle on the file at `path`: its live item (no bucket request), or a new
@@ -137,11 +155,23 @@ impl<S: ObjectStore> Filesystem<S> {
         FsError::Stale
     }
 
-    fn staged_handle(&self, ino: Ino, item: ItemRef, writable: bool) -> Opened {
-        Opened {
-            fh: self.add_handle(ino, FileIo::Staged { item, writable }),
+    /// A handle on `item`. While readers of the inode pass through it is refused (and the
+    /// item released).
+    async fn staged_handle(&self, ino: Ino, item: ItemRef, writable: bool) -> FsResult<Opened> {
+        let (io, counted) = match self.pt.other_open(ino) {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(w) = &self.write {
+                    w.release(&item).await;
+                }
+                return Err(e);
+            }
+        };
+        Ok(Opened {
+            fh: self.add_handle(ino, FileIo::Staged { item, writable }, counted),
             keep_cache: false,
-        }
+            io,
+        })
     }
 
     /// Creates and opens a new, empty file (or empties the file of that name).
@@ -160,6 +190,8 @@ impl<S: ObjectStore> Filesystem<S> {
         self.writer()?;
         let path = self.new_child_path(parent, name)?;
         let key = self.ns.key_of(&path);
+        // A create empties a file of that name: not while readers pass through it.
+        self.pt.check_key(&key)?;
         let item = if flags.exclusive {
             self.create_exclusive(&path, &key).await?
         } else {
@@ -183,7 +215,7 @@ impl<S: ObjectStore> Filesystem<S> {
             posix,
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
-        let opened = self.staged_handle(attr.ino, item, true);
+        let opened = self.staged_handle(attr.ino, item, true).await?;
         Ok((attr, opened))
     }
 
@@ -337,6 +369,11 @@ impl<S: ObjectStore> Filesystem<S> {
         let Some(file) = self.files.lock().remove(&fh) else {
             return;
         };
+        let counted = match file.through.load(Ordering::SeqCst) {
+            true => Counted::Through,
+            false => Counted::Other,
+        };
+        self.pt.release(file.ino, counted);
         if let (FileIo::Staged { item, .. }, Some(w)) = (&file.io, &self.write) {
             w.release(item).await;
         }

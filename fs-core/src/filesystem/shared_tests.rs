@@ -501,8 +501,8 @@ async fn a_same_size_replacement_gets_a_new_inode() {
     fs.release(h.fh).await;
     store.insert("s", &b"bbbb"[..]);
     assert_eq!(
-        fs.open(old.ino, OpenMode::default()).await,
-        Err(FsError::Stale),
+        fs.open(old.ino, OpenMode::default()).await.err(),
+        Some(FsError::Stale),
         "the old inode no longer names the file"
     );
     let new = fs.lookup(ROOT_INO, "s").await.unwrap();

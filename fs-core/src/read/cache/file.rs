@@ -1,27 +1,31 @@
-//! One cache file: an object generation's bytes at their own offsets, then the index of the
-//! blocks that are there.
+//! One cached object generation: its bytes in a data file, at their own offsets, and the
+//! index of the blocks that are there in a file beside it.
 //!
 //! The object is cut into [`BLOCK`]-sized blocks (the last one shorter). A block's bytes sit
-//! at the block's offset in the object, so the file is sparse: a block never fetched takes no
-//! disk space. After the data, at the first page boundary past the object's end, comes a
-//! 4 KiB header naming the object (bucket, key, generation, size, CRC32C), then one 8-byte
-//! record per block: the CRC32C of the block's bytes and a check value that ties the record
-//! to its block number and to this header. A record that is all zeros (never written), torn,
-//! or copied from elsewhere fails its check and the block counts as absent.
+//! at the block's offset in the data file (`<name>.data`), so it is sparse: a block never
+//! fetched takes no disk space, and a file holding every block is exactly the object, byte for
+//! byte, no longer. That is what lets the kernel read it itself (FUSE passthrough: its reads
+//! are not clamped to the object's size, so nothing may follow the data). The index file
+//! (`<name>.index`) holds a 4 KiB header naming the object (bucket, key, generation, size,
+//! CRC32C), then one 8-byte record per block: the CRC32C of the block's bytes and a check
+//! value that ties the record to its block number and to this header. A record that is all
+//! zeros (never written), torn, or copied from elsewhere fails its check and the block counts
+//! as absent.
 //!
-//! Why one file and per-block CRCs rather than an fsync'd journal: this is a cache. Nothing
-//! here is ever the only copy, so nothing is synced. A block is written before its record,
-//! and every block read back is checked against its record's CRC32C before it is served. A
-//! crash, a torn write, a flipped bit, or the file changing under a reader can only make a
-//! block fail that check, and a failed block is fetched again from the bucket: never served.
+//! Why per-block CRCs rather than an fsync'd journal: this is a cache. Nothing here is ever
+//! the only copy, so nothing is synced. A block is written before its record, and every block
+//! the mount reads back is checked against its record's CRC32C before it is served; a file
+//! the kernel is to read itself is checked whole first ([`verify`]). A crash, a torn write, a
+//! flipped bit, or the file changing under a reader can only make a block fail that check, and
+//! a failed block is fetched again from the bucket: never served.
 //!
 //! [`BLOCK`] is 64 KiB because the reader aligns every request to 64 KiB
 //! (`PrefetchConfig::align`): read-ahead parts and demand reads then cover whole blocks, so
 //! everything fetched can be kept. The index costs 8 bytes per block (0.012%).
 //!
-//! A file's name is a hash of the object's identity ([`Identity::name`]), so a new generation
-//! of an object never shares a file with the old one, and the header is compared whole before
-//! a file is trusted.
+//! The files' name is a hash of the object's identity ([`Identity::name`]), so a new
+//! generation of an object never shares files with the old one, and the header is compared
+//! whole before a file is trusted.
 
 use std::fs::File;
 use std::io;
@@ -37,7 +41,7 @@ use crate::store::ObjectMeta;
 pub const BLOCK: u64 = 64 * 1024;
 /// Disk allocation granularity assumed when charging bytes against the cap.
 pub const PAGE: u64 = 4096;
-const MAGIC: &[u8; 8] = b"BDRCACH1";
+const MAGIC: &[u8; 8] = b"BDRCACH2";
 pub(super) const HEADER_LEN: u64 = 4096;
 const RECORD_LEN: u64 = 8;
 /// Blocks read and checked at a time on read-back (1 MiB).
@@ -74,7 +78,7 @@ impl Identity {
         let header = id.header()?;
         id.salt = crc32c::crc32c(&header);
         let mut h = Sha256::new();
-        h.update(b"bucketdrive read cache v1\0");
+        h.update(b"bucketdrive read cache v2\0");
         for part in [id.bucket.as_bytes(), id.key.as_bytes()] {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part);
@@ -132,12 +136,9 @@ impl Identity {
         HEADER_LEN + (self.blocks() * RECORD_LEN).div_ceil(PAGE) * PAGE
     }
 
-    pub(super) fn index_at(&self) -> u64 {
-        self.size.div_ceil(PAGE) * PAGE
-    }
-
-    fn record_at(&self, i: u64) -> u64 {
-        self.index_at() + HEADER_LEN + i * RECORD_LEN
+    /// Where block `i`'s record is in the index file.
+    pub(super) fn record_at(&self, i: u64) -> u64 {
+        HEADER_LEN + i * RECORD_LEN
     }
 
     /// The header bytes; `None` if the names do not fit.
@@ -191,39 +192,79 @@ impl Identity {
     }
 }
 
-/// Opens a cache file for reading (never following a link in its place: [`At`]).
-pub fn open_read(at: &At) -> io::Result<File> {
-    at.open(Open::new().read(true))
+pub use crate::platform::Stat;
+
+/// Where one generation's two files are, in the held `objects/` directory.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub data: At,
+    pub index: At,
 }
 
-/// Opens an existing cache file for writing.
-pub fn open_write(at: &At) -> io::Result<File> {
-    at.open(Open::new().write(true))
+/// One generation's two files, open.
+#[derive(Debug)]
+pub struct Files {
+    pub data: File,
+    pub index: File,
 }
 
-/// Creates (or empties) the cache file of `id` and writes its header.
-pub fn create(at: &At, id: &Identity) -> io::Result<File> {
-    let file = at.open(Open::new().write(true).create(true).truncate(true))?;
-    platform::make_sparse(&file);
-    let header = id
-        .header()
-        .ok_or_else(|| io::Error::other("object name too long for a cache header"))?;
-    platform::write_all_at(&file, &header, id.index_at())?;
-    Ok(file)
+impl Paths {
+    /// Opens both files for reading (never following a link in their place: [`At`]).
+    pub fn open_read(&self) -> io::Result<Files> {
+        Ok(Files {
+            data: self.data.open(Open::new().read(true))?,
+            index: self.index.open(Open::new().read(true))?,
+        })
+    }
+
+    /// Opens both existing files for writing.
+    pub fn open_write(&self) -> io::Result<Files> {
+        Ok(Files {
+            data: self.data.open(Open::new().write(true))?,
+            index: self.index.open(Open::new().write(true))?,
+        })
+    }
+
+    /// Creates (or empties) both files of `id`: the data file sparse, the index with its
+    /// header.
+    pub fn create(&self, id: &Identity) -> io::Result<Files> {
+        let header = id
+            .header()
+            .ok_or_else(|| io::Error::other("object name too long for a cache header"))?;
+        let how = Open::new().write(true).create(true).truncate(true);
+        let data = self.data.open(how)?;
+        platform::make_sparse(&data);
+        let index = self.index.open(how)?;
+        platform::write_all_at(&index, &header, 0)?;
+        Ok(Files { data, index })
+    }
+
+    /// Removes both files (either may be missing).
+    pub fn remove(&self) {
+        let _ = self.data.remove();
+        let _ = self.index.remove();
+    }
+
+    /// Renames both files to `to`'s names; fails if the data file is not there.
+    pub fn rename_to(&self, to: &Paths) -> io::Result<()> {
+        self.data.rename_to(&to.data)?;
+        let _ = self.index.rename_to(&to.index);
+        Ok(())
+    }
 }
 
-/// Which blocks of `file` have a valid record: `None` when the file is not `id`'s (a header
-/// that differs, is torn, or is missing), and the file should be discarded.
-pub fn load(file: &File, id: &Identity) -> io::Result<Option<Vec<bool>>> {
+/// Which blocks have a valid record in `index`: `None` when the index is not `id`'s (a header
+/// that differs, is torn, or is missing), and the files should be discarded.
+pub fn load(index: &File, id: &Identity) -> io::Result<Option<Vec<bool>>> {
     let Some(want) = id.header() else {
         return Ok(None);
     };
-    let len = file.metadata()?.len();
-    if len < id.index_at() + HEADER_LEN {
+    let len = index.metadata()?.len();
+    if len < HEADER_LEN {
         return Ok(None);
     }
     let mut header = vec![0u8; HEADER_LEN as usize];
-    platform::read_exact_at(file, &mut header, id.index_at())?;
+    platform::read_exact_at(index, &mut header, 0)?;
     if header != want {
         return Ok(None);
     }
@@ -231,7 +272,7 @@ pub fn load(file: &File, id: &Identity) -> io::Result<Option<Vec<bool>>> {
     let records_at = id.record_at(0);
     let have = ((len - records_at) / RECORD_LEN).min(id.blocks());
     let mut buf = vec![0u8; (have * RECORD_LEN) as usize];
-    platform::read_exact_at(file, &mut buf, records_at)?;
+    platform::read_exact_at(index, &mut buf, records_at)?;
     let mut present = vec![false; id.blocks() as usize];
     for (i, r) in buf.chunks_exact(RECORD_LEN as usize).enumerate() {
         present[i] = id.parse_record(i as u64, r).is_some();
@@ -240,32 +281,33 @@ pub fn load(file: &File, id: &Identity) -> io::Result<Option<Vec<bool>>> {
 }
 
 /// Writes whole blocks starting at block `first`: the bytes, then their records.
-pub fn write_blocks(file: &File, id: &Identity, first: u64, data: &[u8]) -> io::Result<()> {
+pub fn write_blocks(files: &Files, id: &Identity, first: u64, data: &[u8]) -> io::Result<()> {
     let start = id.block_range(first).start;
-    platform::write_all_at(file, data, start)?;
+    platform::write_all_at(&files.data, data, start)?;
     let mut records = Vec::with_capacity(data.len().div_ceil(BLOCK as usize) * 8);
     for (n, chunk) in data.chunks(BLOCK as usize).enumerate() {
         records.extend_from_slice(&id.record(first + n as u64, crc32c::crc32c(chunk)));
     }
-    platform::write_all_at(file, &records, id.record_at(first))
+    platform::write_all_at(&files.index, &records, id.record_at(first))
 }
 
 /// Reads blocks `blocks` back and checks each against its record. `Err` lists the blocks
 /// that failed (missing, torn or altered), which must not be served.
 pub fn read_blocks(
-    file: &File,
+    files: &Files,
     id: &Identity,
     blocks: Range<u64>,
 ) -> io::Result<Result<Bytes, Vec<u64>>> {
     let start = id.block_range(blocks.start).start;
     let end = id.block_range(blocks.end - 1).end;
-    let len = file.metadata()?.len();
-    if len < id.record_at(blocks.end) {
-        // Shorter than its records: what is missing was never written.
+    if files.index.metadata()?.len() < id.record_at(blocks.end)
+        || files.data.metadata()?.len() < end
+    {
+        // Shorter than its blocks or their records: what is missing was never written.
         return Ok(Err(blocks.collect()));
     }
     let mut records = vec![0u8; ((blocks.end - blocks.start) * RECORD_LEN) as usize];
-    platform::read_exact_at(file, &mut records, id.record_at(blocks.start))?;
+    platform::read_exact_at(&files.index, &mut records, id.record_at(blocks.start))?;
     let mut data = vec![0u8; (end - start) as usize];
     let mut bad = Vec::new();
     // A chunk at a time, each checked while it is still in the CPU's cache.
@@ -277,7 +319,7 @@ pub fn read_blocks(
             id.block_range(last - 1).end - start,
         );
         let chunk = &mut data[from as usize..to as usize];
-        platform::read_exact_at(file, chunk, start + from)?;
+        platform::read_exact_at(&files.data, chunk, start + from)?;
         for i in first..last {
             let range = id.block_range(i);
             let at = (range.start - start - from) as usize;
@@ -295,6 +337,25 @@ pub fn read_blocks(
     } else {
         Err(bad)
     })
+}
+
+/// Checks a whole generation before the kernel reads it itself (passthrough bypasses the
+/// per-read check): every block against its record, and the data file exactly the object's
+/// length. Returns the blocks that failed; none means the file is the object, byte for byte.
+pub fn verify(files: &Files, id: &Identity) -> io::Result<Vec<u64>> {
+    if files.data.metadata()?.len() != id.size {
+        return Ok((0..id.blocks()).collect());
+    }
+    let mut bad = Vec::new();
+    let mut first = 0;
+    while first < id.blocks() {
+        let last = (first + CHECK_CHUNK).min(id.blocks());
+        if let Err(failed) = read_blocks(files, id, first..last)? {
+            bad.extend(failed);
+        }
+        first = last;
+    }
+    Ok(bad)
 }
 
 #[cfg(test)]
@@ -343,20 +404,33 @@ mod tests {
     #[test]
     fn blocks_round_trip_and_a_flipped_bit_is_caught() {
         let dir = tempfile::tempdir().unwrap();
-        let path = platform::Dir::private(dir.path()).unwrap().at("f");
+        let held = platform::Dir::private(dir.path()).unwrap();
+        let paths = Paths {
+            data: held.at("f.data"),
+            index: held.at("f.index"),
+        };
         let i = id(3 * BLOCK + 10, 1);
         let data: Vec<u8> = (0..i.size).map(|n| (n % 251) as u8).collect();
-        let f = create(&path, &i).unwrap();
-        let r = open_read(&path).unwrap();
-        assert_eq!(load(&r, &i).unwrap(), Some(vec![false; 4]));
+        let f = paths.create(&i).unwrap();
+        let r = paths.open_read().unwrap();
+        assert_eq!(load(&r.index, &i).unwrap(), Some(vec![false; 4]));
         write_blocks(&f, &i, 1, &data[BLOCK as usize..]).unwrap();
-        assert_eq!(load(&r, &i).unwrap(), Some(vec![false, true, true, true]));
+        assert_eq!(
+            load(&r.index, &i).unwrap(),
+            Some(vec![false, true, true, true])
+        );
         let got = read_blocks(&r, &i, 1..4).unwrap().unwrap();
         assert_eq!(&got[..], &data[BLOCK as usize..]);
         assert_eq!(read_blocks(&r, &i, 0..2).unwrap(), Err(vec![0]));
-        platform::write_all_at(&f, &[0xff], 2 * BLOCK + 5).unwrap();
+        assert_eq!(verify(&r, &i).unwrap(), vec![0], "block 0 is a hole");
+        write_blocks(&f, &i, 0, &data[..BLOCK as usize]).unwrap();
+        assert_eq!(verify(&r, &i).unwrap(), Vec::<u64>::new());
+        // Whole: the data file is the object, byte for byte, and nothing more.
+        assert_eq!(std::fs::read(paths.data.path()).unwrap(), data);
+        platform::write_all_at(&f.data, &[0xff], 2 * BLOCK + 5).unwrap();
         assert_eq!(read_blocks(&r, &i, 1..4).unwrap(), Err(vec![2]));
+        assert_eq!(verify(&r, &i).unwrap(), vec![2]);
         // Another generation's header makes the whole file foreign.
-        assert_eq!(load(&r, &id(3 * BLOCK + 10, 2)).unwrap(), None);
+        assert_eq!(load(&r.index, &id(3 * BLOCK + 10, 2)).unwrap(), None);
     }
 }

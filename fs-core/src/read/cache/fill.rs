@@ -197,8 +197,8 @@ fn write(shared: &Shared, job: Job) {
     if let Some(r) = &reserved {
         shared.evicted(r.evicted.len() as u64);
     }
-    for at in doomed {
-        let _ = at.remove();
+    for p in doomed {
+        p.remove();
     }
     let Some(r) = reserved else {
         if !redundant {
@@ -210,9 +210,9 @@ fn write(shared: &Shared, job: Job) {
     let mut bytes = 0u64;
     let result = (|| -> std::io::Result<()> {
         let f = if r.create {
-            file::create(&path, id)?
+            path.create(id)?
         } else {
-            file::open_write(&path)?
+            path.open_write()?
         };
         for run in runs(&r.blocks) {
             let from = ((run.start - job.first) * BLOCK) as usize;
@@ -238,14 +238,14 @@ fn write(shared: &Shared, job: Job) {
             _ if r.create && ix.entry(name).is_none() => {
                 // Removed while we wrote: the file we created belongs to no entry. Only this
                 // thread creates entries, so no newer file has this name.
-                let _ = path.remove();
+                path.remove();
             }
             _ => {}
         }
         shared.publish(&ix);
     }
-    if let Some(at) = doomed {
-        let _ = at.remove();
+    if let Some(p) = doomed {
+        p.remove();
     }
     match result {
         Ok(()) => shared.written(bytes),

@@ -44,6 +44,19 @@ pub struct Entry {
     pub charged: u64,
     /// `None` until the file's records are loaded in this mount.
     pub blocks: Option<Vec<Block>>,
+    /// Whether this mount checked every block of the file whole, for the kernel to read it
+    /// itself (passthrough reads are not checked one by one).
+    pub verified: Verified,
+}
+
+/// Where a whole file's check stands ([`super::file::verify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verified {
+    #[default]
+    No,
+    Running,
+    /// Every block checked out, and none has changed since.
+    Yes,
 }
 
 /// Whether a read can be served from disk.
@@ -130,6 +143,7 @@ impl Index {
                 tick,
                 charged: bytes,
                 blocks: None,
+                verified: Verified::No,
             },
         );
     }
@@ -290,10 +304,12 @@ impl Index {
                     tick,
                     charged: 0,
                     blocks: Some(vec![Block::Absent; id.blocks() as usize]),
+                    verified: Verified::No,
                 },
             );
         }
         let e = self.entries.get_mut(name)?;
+        e.verified = Verified::No;
         e.charged += need;
         self.used += need;
         if let Some(states) = e.blocks.as_mut() {
@@ -354,7 +370,37 @@ impl Index {
                 }
             }
         }
+        if n > 0 {
+            if let Some(e) = self.entries.get_mut(name) {
+                e.verified = Verified::No;
+            }
+        }
         n
+    }
+
+    /// Whether the entry of `name` holds every block of its object, and where its whole-file
+    /// check stands: `Some((epoch, verified))`, `None` when it is not all there (or not loaded).
+    pub fn whole(&self, name: &str) -> Option<(u64, Verified)> {
+        let e = self.entries.get(name)?;
+        let states = e.blocks.as_ref()?;
+        states
+            .iter()
+            .all(|b| *b == Block::Present)
+            .then_some((e.epoch, e.verified))
+    }
+
+    /// Records where the whole-file check of the entry of `epoch` stands; false when that entry
+    /// is gone (or not whole any more: a check that began on it no longer says anything).
+    pub fn set_verified(&mut self, name: &str, epoch: u64, v: Verified) -> bool {
+        match self.whole(name) {
+            Some((e, _)) if e == epoch => {
+                if let Some(entry) = self.entries.get_mut(name) {
+                    entry.verified = v;
+                }
+                true
+            }
+            _ => false,
+        }
     }
 }
 

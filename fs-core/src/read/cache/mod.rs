@@ -31,7 +31,8 @@
 //!   a file's records are read when it is first opened. Recency survives through file times.
 //!
 //! Layout: `<dir>/bucketdrive-read-cache/` (0700) holds `lock` (held for the life of the
-//! mount: two mounts never share a read cache) and `objects/<hash>.cache` (0600).
+//! mount: two mounts never share a read cache) and, per object generation,
+//! `objects/<hash>.data` and `objects/<hash>.index` (0600; [`file`]).
 
 mod file;
 mod fill;
@@ -217,7 +218,7 @@ impl ReadCache {
             let _ = at.remove();
         }
         for (name, _) in &evicted {
-            let _ = shared.path(name).remove();
+            shared.path(name).remove();
         }
         crate::metrics::read_cache_limit(cfg.size);
         {
@@ -265,11 +266,12 @@ impl ReadCache {
         let path = self.shared.path(id.name());
         let for_load = id.clone();
         let loaded = platform::blocking(move || {
-            let f = file::open_read(&path)?;
-            let present = file::load(&f, &for_load)?;
+            let f = path.open_read()?;
+            let present = file::load(&f.index, &for_load)?;
             if present.is_some() {
-                // Its modification time is its last use, for the next mount's LRU order.
-                let _ = f.set_modified(SystemTime::now());
+                // The data file's modification time is its last use, for the next mount's
+                // LRU order.
+                let _ = f.data.set_modified(SystemTime::now());
             }
             Ok(present)
         })
@@ -296,9 +298,41 @@ impl ReadCache {
             doomed
         };
         if let Some(p) = doomed {
-            let _ = p.remove();
+            p.remove();
         }
         Some(handle)
+    }
+
+    /// The data file of `meta`'s generation for the kernel to read itself (FUSE passthrough),
+    /// once this mount checked it whole: every block against its record and the file exactly
+    /// the object's length. Until then `None`; and when every block is there but not checked
+    /// yet, the check starts in the background (once per mount), so a later open passes
+    /// through. A block that fails it is dropped and fetched again, as on any read.
+    ///
+    /// The file returned is the one the index describes: opened, then found still to be that
+    /// entry (an eviction renames a file away before anything else could take its name).
+    pub async fn passthrough_file(&self, bucket: &str, meta: &ObjectMeta) -> Option<File> {
+        let id = Arc::new(Identity::new(bucket, meta)?);
+        let name = id.name().to_string();
+        let epoch = {
+            let mut ix = self.shared.index.lock();
+            match ix.whole(&name)? {
+                (epoch, index::Verified::Yes) => epoch,
+                (epoch, index::Verified::No) => {
+                    ix.set_verified(&name, epoch, index::Verified::Running);
+                    drop(ix);
+                    self.shared.clone().verify_in_background(id, epoch);
+                    return None;
+                }
+                (_, index::Verified::Running) => return None,
+            }
+        };
+        let path = self.shared.path(&name).data;
+        let file = platform::blocking(move || path.open(Open::new().read(true)))
+            .await
+            .ok()?;
+        let ix = self.shared.index.lock();
+        (ix.whole(&name) == Some((epoch, index::Verified::Yes))).then_some(file)
     }
 
     /// Waits for queued fills to be written, at most `timeout`; true if they were.
@@ -322,10 +356,14 @@ impl ReadCache {
     }
 }
 
-/// Finds the cache files in `objects`, adds them to `index` oldest first, and returns
-/// anything else there (files of evictions cut short, temporary names): to delete.
+/// Finds the cached generations in `objects` (a data file and its index), adds them to
+/// `index` oldest first, and returns anything else there: to delete. That is the files of
+/// evictions cut short, temporary names, a data file or an index alone, and the one-file
+/// `<hash>.cache` of earlier versions (its index followed its data, which the kernel must not
+/// read as the object's).
 fn scan(objects: &Arc<Dir>, index: &mut Index) -> std::io::Result<Vec<At>> {
-    let mut found = Vec::new();
+    use std::collections::HashMap;
+    let mut halves: HashMap<String, [Option<file::Stat>; 2]> = HashMap::new();
     let mut doomed = Vec::new();
     for name in objects.names()? {
         // A name that is not UTF-8 is none of ours, and none an `At` can hold: left alone.
@@ -337,10 +375,23 @@ fn scan(objects: &Arc<Dir>, index: &mut Index) -> std::io::Result<Vec<At>> {
         if meta.is_dir {
             continue;
         }
-        let stem = name.strip_suffix(".cache").filter(|n| is_cache_name(n));
-        match stem {
-            Some(n) if meta.is_file => found.push((meta.modified, n.to_string(), meta.disk_bytes)),
-            _ => doomed.push(at),
+        let half = match name.rsplit_once('.') {
+            Some((stem, "data")) if is_cache_name(stem) && meta.is_file => Some((stem, 0)),
+            Some((stem, "index")) if is_cache_name(stem) && meta.is_file => Some((stem, 1)),
+            _ => None,
+        };
+        match half {
+            Some((stem, i)) => halves.entry(stem.to_string()).or_default()[i] = Some(meta),
+            None => doomed.push(at),
+        }
+    }
+    let mut found = Vec::new();
+    for (name, [data, idx]) in halves {
+        match (data, idx) {
+            (Some(d), Some(i)) => found.push((d.modified, name, d.disk_bytes + i.disk_bytes)),
+            (Some(_), None) => doomed.push(objects.at(format!("{name}.data"))),
+            (None, Some(_)) => doomed.push(objects.at(format!("{name}.index"))),
+            (None, None) => {}
         }
     }
     found.sort();
@@ -351,21 +402,30 @@ fn scan(objects: &Arc<Dir>, index: &mut Index) -> std::io::Result<Vec<At>> {
 }
 
 impl Shared {
-    fn path(&self, name: &str) -> At {
-        self.objects.at(format!("{name}.cache"))
+    fn path(&self, name: &str) -> file::Paths {
+        file::Paths {
+            data: self.objects.at(format!("{name}.data")),
+            index: self.objects.at(format!("{name}.index")),
+        }
     }
 
-    /// Takes the file of an entry just removed from the index out of its name, so no one
-    /// opens it any more; returns where it went, to be deleted once the index lock is released.
-    /// Call with the index lock held.
-    fn retire(&self, name: &str, epoch: u64) -> Option<At> {
+    /// Takes the files of an entry just removed from the index out of their names, so no one
+    /// opens them any more; returns where they went, to be deleted once the index lock is
+    /// released. Call with the index lock held.
+    fn retire(&self, name: &str, epoch: u64) -> Option<file::Paths> {
         let from = self.path(name);
-        let to = self.objects.at(format!("{name}.{epoch}.gone"));
+        let to = file::Paths {
+            data: self.objects.at(format!("{name}.{epoch}.gone-data")),
+            index: self.objects.at(format!("{name}.{epoch}.gone-index")),
+        };
         match from.rename_to(&to) {
             Ok(()) => Some(to),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let _ = from.index.remove();
+                None
+            }
             Err(_) => {
-                let _ = from.remove();
+                from.remove();
                 None
             }
         }
@@ -380,8 +440,59 @@ impl Shared {
             doomed
         };
         if let Some(p) = doomed {
-            let _ = p.remove();
+            p.remove();
         }
+    }
+
+    /// Checks the whole entry `epoch` of `id` on the blocking pool, then records the outcome:
+    /// verified, or the blocks that failed dropped (and counted, as on a read).
+    fn verify_in_background(self: Arc<Self>, id: Arc<Identity>, epoch: u64) {
+        let path = self.path(id.name());
+        let for_check = id.clone();
+        let check = move || -> std::io::Result<Vec<u64>> {
+            let files = path.open_read()?;
+            file::verify(&files, &for_check)
+        };
+        let finish = move |result: std::io::Result<Vec<u64>>| {
+            let name = id.name();
+            match result {
+                Ok(bad) if bad.is_empty() => {
+                    self.index
+                        .lock()
+                        .set_verified(name, epoch, index::Verified::Yes);
+                }
+                Ok(bad) => {
+                    let dropped = {
+                        let mut ix = self.index.lock();
+                        ix.set_verified(name, epoch, index::Verified::No);
+                        ix.drop_blocks(name, epoch, &bad)
+                    };
+                    if dropped > 0 {
+                        tracing::warn!(key = %id.key, generation = id.generation, blocks = ?bad, "read cache blocks failed their CRC32C check; fetching them from the bucket");
+                        self.counters
+                            .corrupt
+                            .fetch_add(dropped as u64, Ordering::Relaxed);
+                        crate::metrics::read_cache_corrupt(dropped as u64);
+                    }
+                }
+                Err(e) => {
+                    self.index
+                        .lock()
+                        .set_verified(name, epoch, index::Verified::No);
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        self.warn_io("cannot check a read cache file", &e);
+                    }
+                }
+            }
+        };
+        if platform::inline_blocking() {
+            finish(check());
+            return;
+        }
+        tokio::spawn(async move {
+            let result = platform::blocking(check).await;
+            finish(result);
+        });
     }
 
     fn publish(&self, ix: &Index) {
@@ -476,7 +587,7 @@ impl Shared {
         let result = platform::blocking(move || {
             #[cfg(test)]
             me.hook(0);
-            let f = file::open_read(&path)?;
+            let f = path.open_read()?;
             #[cfg(test)]
             me.hook(1);
             file::read_blocks(&f, &for_read, wanted)

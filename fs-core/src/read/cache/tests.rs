@@ -78,14 +78,25 @@ fn flush(cache: &ReadCache) {
     assert!(cache.flush(Duration::from_secs(30)), "the writer finished");
 }
 
-/// The one cache file in the cache (the test put one object there).
-fn the_file(dir: &Path) -> PathBuf {
-    let files: Vec<_> = std::fs::read_dir(dir.join(SUBDIR).join("objects"))
+/// The one cached generation's file with `extension` (`data` or `index`): the test put one
+/// object there.
+fn the_file_of(dir: &Path, extension: &str) -> PathBuf {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join(SUBDIR).join("objects"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    files[0].clone()
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let f = files
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == extension))
+        .unwrap();
+    f
+}
+
+/// The one cached generation's data file.
+fn the_file(dir: &Path) -> PathBuf {
+    the_file_of(dir, "data")
 }
 
 /// Windows: the bytes `path` takes on disk (what a sparse file really uses), its
@@ -247,7 +258,7 @@ async fn a_torn_or_foreign_index_only_costs_a_refetch() {
     store.insert("obj", data.clone());
     let meta = store.head("obj").await.unwrap();
     let id = id_of(&meta);
-    let records_at = id.index_at() + file::HEADER_LEN;
+    let records_at = id.record_at(0);
     for damage in ["cut records", "bad record", "bad header", "empty file"] {
         let cache = open(dir.path(), 1 << 30);
         assert_eq!(
@@ -257,13 +268,13 @@ async fn a_torn_or_foreign_index_only_costs_a_refetch() {
         );
         flush(&cache);
         drop(cache);
-        let path = the_file(dir.path());
+        let path = the_file_of(dir.path(), "index");
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         match damage {
             // Torn: the last records never made it.
             "cut records" => f.set_len(records_at + 8 * 4).unwrap(),
             "bad record" => platform::write_all_at(&f, &[0xff; 3], records_at + 8 * 2 + 1).unwrap(),
-            "bad header" => platform::write_all_at(&f, b"garbage", id.index_at() + 40).unwrap(),
+            "bad header" => platform::write_all_at(&f, b"garbage", 40).unwrap(),
             _ => f.set_len(0).unwrap(),
         }
         drop(f);
@@ -427,7 +438,7 @@ async fn eviction_during_a_read_never_gives_wrong_bytes() {
         0,
         Arc::new(move |s| {
             s.forget(&n);
-            file::create(&s.path(&n), &id).unwrap();
+            s.path(&n).create(&id).unwrap();
         }),
     )
     .await;
@@ -578,11 +589,23 @@ fn two_mounts_cannot_share_a_read_cache_and_files_are_private() {
     #[cfg(unix)]
     assert_eq!(mode(&the_file(dir.path())), 0o600);
     drop(a);
-    // Leftovers of an eviction cut short are cleaned at the next start.
-    let stray = dir.path().join(SUBDIR).join("objects").join("x.1.gone");
-    std::fs::write(&stray, b"x").unwrap();
+    // Leftovers of an eviction cut short, an index or a data file alone, and an earlier
+    // version's one-file `.cache` are cleaned at the next start.
+    let objects = dir.path().join(SUBDIR).join("objects");
+    let hex = "0123456789abcdef0123456789abcdef";
+    let strays = [
+        "x.1.gone-data".to_string(),
+        format!("{hex}.index"),
+        format!("{}.data", hex.replace('0', "f")),
+        format!("{}.cache", hex.replace('1', "e")),
+    ];
+    for stray in &strays {
+        std::fs::write(objects.join(stray), b"x").unwrap();
+    }
     let b = open(dir.path(), 1 << 20);
-    assert!(!stray.exists());
+    for stray in &strays {
+        assert!(!objects.join(stray).exists(), "{stray}");
+    }
     assert_eq!(b.stats().files, 1);
 }
 
@@ -629,4 +652,85 @@ async fn through_the_mount_a_replaced_object_is_read_new_once_open_sees_it() {
     let ino = fs.lookup(crate::ROOT_INO, "f").await.unwrap().ino;
     assert_eq!(read_through_mount(&fs, ino).await, new);
     assert!(gets(&store) > before);
+}
+
+/// Asks for `meta`'s file for the kernel to read itself until the background check has
+/// answered (at most 10 s).
+async fn passthrough_after_check(cache: &ReadCache, meta: &ObjectMeta) -> Option<std::fs::File> {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = cache.passthrough_file("bkt", meta).await;
+        let running = {
+            let id = id_of(meta);
+            let ix = cache.shared.index.lock();
+            matches!(ix.whole(id.name()), Some((_, index::Verified::Running)))
+        };
+        if got.is_some() || !running || std::time::Instant::now() > end {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A generation wholly on disk is handed to the kernel (passthrough) only after this mount
+/// checked it whole, and then its data file is the object, byte for byte. A partial one is
+/// never; a flipped byte found by the check drops that block, counts it, and the next read
+/// fetches it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_whole_and_checked_generation_is_passed_through() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(3 * BLOCK as usize + 1234, 9);
+    store.insert("obj", data.clone());
+    store.insert("part", pattern(8 * BLOCK as usize, 10));
+    let meta = store.head("obj").await.unwrap();
+    let cache = open(dir.path(), 1 << 30);
+    assert!(
+        cache.passthrough_file("bkt", &meta).await.is_none(),
+        "nothing cached"
+    );
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    flush(&cache);
+    // The first ask starts the check; it answers once the check passed.
+    let mut f = passthrough_after_check(&cache, &meta)
+        .await
+        .expect("checked whole");
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert!(got == data, "the data file is the object, and nothing more");
+    // Part of another object: never.
+    let part = store.head("part").await.unwrap();
+    let mut r = reader_of(&store, &cache, &part, 256 * 1024).await;
+    r.read(0, 64 * 1024).await.unwrap();
+    flush(&cache);
+    assert!(passthrough_after_check(&cache, &part).await.is_none());
+    drop((cache, r));
+
+    // A flipped byte: the next mount's check finds it before any passthrough.
+    let path = the_file_of_key(dir.path(), &meta);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    platform::read_exact_at(&f, &mut b, BLOCK + 3).unwrap();
+    platform::write_all_at(&f, &[b[0] ^ 1], BLOCK + 3).unwrap();
+    drop(f);
+    let cache = open(dir.path(), 1 << 30);
+    cache.object("bkt", &meta).await;
+    assert!(passthrough_after_check(&cache, &meta).await.is_none());
+    assert_eq!(cache.stats().corrupt_blocks, 1);
+    let before = gets(&store);
+    assert_eq!(read_all(&store, &cache, "obj").await, data);
+    assert!(gets(&store) > before, "the bad block came from the bucket");
+}
+
+/// The data file of `meta`'s generation.
+fn the_file_of_key(dir: &Path, meta: &ObjectMeta) -> PathBuf {
+    let id = id_of(meta);
+    dir.join(SUBDIR)
+        .join("objects")
+        .join(format!("{}.data", id.name()))
 }
