@@ -152,11 +152,19 @@ impl<S: ObjectStore> Filesystem<S> {
     /// The adapter could not pass handle `fh` through after all (the kernel refused its
     /// backing file): it is answered as a handle through the daemon, and counted so.
     pub fn passthrough_refused(&self, fh: u64) {
+        // What the kernel refuses once (a read cache on overlayfs, a mount in a user
+        // namespace) it refuses every time: no more offers.
+        self.pt.stop_offering();
         if let Ok(f) = self.handle(fh) {
             if f.through.swap(false, Ordering::SeqCst) {
                 self.pt.refused(f.ino);
             }
         }
+    }
+
+    /// The adapter opened handle `fh` passing through: counted in the metrics.
+    pub fn passthrough_opened(&self) {
+        crate::metrics::passthrough_open();
     }
 
     /// A read-only filesystem: every change fails with `EROFS`.

@@ -59,6 +59,9 @@ struct Backings(parking_lot::Mutex<BackingTable>);
 struct BackingTable {
     by_ino: HashMap<u64, (Arc<BackingId>, usize)>,
     by_fh: HashMap<u64, u64>,
+    /// Inodes whose backing file the kernel refused: the rest of their passthrough opens
+    /// (joined before the core heard of it) are refused too.
+    refused: std::collections::HashSet<u64>,
 }
 
 impl Backings {
@@ -72,16 +75,29 @@ impl Backings {
         register: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
     ) -> std::io::Result<Arc<BackingId>> {
         let mut t = self.0.lock();
+        if t.refused.contains(&ino) {
+            // Its first handle was answered without passthrough: so are those that joined
+            // it (the kernel admits no passthrough handle beside a cached one).
+            return Err(std::io::Error::other(
+                "the inode's backing file was refused",
+            ));
+        }
         let id = match t.by_ino.get_mut(&ino) {
             Some((id, n)) => {
                 *n += 1;
                 id.clone()
             }
-            None => {
-                let id = Arc::new(register(file)?);
-                t.by_ino.insert(ino, (id.clone(), 1));
-                id
-            }
+            None => match register(file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    t.by_ino.insert(ino, (id.clone(), 1));
+                    id
+                }
+                Err(e) => {
+                    t.refused.insert(ino);
+                    return Err(e);
+                }
+            },
         };
         t.by_fh.insert(fh, ino);
         Ok(id)
@@ -115,9 +131,12 @@ fn reply_open<S: ObjectStore>(
     match &o.io {
         KernelIo::Passthrough(file) => {
             match backings.register(ino, o.fh, file, |f| reply.open_backing(f)) {
-                Ok(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+                Ok(id) => {
+                    fs.passthrough_opened();
+                    reply.opened_passthrough(fh, FopenFlags::empty(), &id)
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "the kernel refused a passthrough file; reading through the daemon");
+                    tracing::warn!(error = %e, "the kernel refused a passthrough file (a read cache on overlayfs, or a mount without CAP_SYS_ADMIN in its namespace); reading through the daemon from now on");
                     fs.passthrough_refused(o.fh);
                     reply.opened(fh, FopenFlags::empty());
                 }

@@ -495,6 +495,21 @@ fn read_cache_serves_a_reread_after_remount_and_never_a_replaced_object() -> Res
     Ok(())
 }
 
+/// Waits (up to 5 s) for the mount's log to hold `needle`: the log is written off the
+/// request path, and may trail the mount's readiness.
+fn wait_for_log(m: &Mount, needle: &str) -> Result<()> {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while !m.log_text().contains(needle) {
+        anyhow::ensure!(
+            std::time::Instant::now() < end,
+            "the log never said {needle:?}:\n{}",
+            m.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// Drops the kernel's page cache, so a read reaches the mount (or the backing file) again.
 fn drop_page_cache() -> Result<()> {
     // SAFETY: sync cannot fail.
@@ -554,11 +569,7 @@ fn a_file_wholly_in_the_read_cache_is_read_by_the_kernel_itself() -> Result<()> 
     );
     m.unmount()?;
     let m = Mount::new(&emu, "pthru", &args)?;
-    assert!(
-        m.log_text().contains("FUSE passthrough: on"),
-        "{}",
-        m.log_tail(20)
-    );
+    wait_for_log(&m, "FUSE passthrough: on")?;
     let f = m.path().join("f.bin");
     let (got, served) = read_until_passthrough(&addr, &f)?;
     assert_eq!(sha256(&got), sha256(&data), "the right bytes");
@@ -602,8 +613,7 @@ fn passthrough_off_and_writable_mounts_read_through_the_daemon() -> Result<()> {
         let mut args = vec!["--read-cache-dir", &rc_dir, "--metrics-addr", &addr];
         args.extend_from_slice(extra);
         let m = Mount::new(&emu, "pthruoff", &args)?;
-        let log = m.log_text();
-        assert!(log.contains("FUSE passthrough: off"), "{log}");
+        wait_for_log(&m, "FUSE passthrough: off")?;
         for _ in 0..4 {
             drop_page_cache()?;
             assert_eq!(

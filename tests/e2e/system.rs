@@ -726,11 +726,11 @@ fn an_ordinary_users_mount_reads_without_passthrough() -> Result<()> {
         )?;
         assert_eq!(sha256(&got), sha256(&seed));
     }
+    ok(as_user(&s, &s.bin(), &["unmount", &mnt_s], b"")?, "unmount")?;
     let log = s.log_text();
     assert!(
         log.contains("FUSE passthrough: off (it needs root"),
         "log: {log}"
     );
-    ok(as_user(&s, &s.bin(), &["unmount", &mnt_s], b"")?, "unmount")?;
     wait_unmounted(&mnt, 10)
 }

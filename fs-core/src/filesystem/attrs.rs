@@ -45,10 +45,11 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         let w = self.writer()?;
         let key = self.ns.key_of(&path);
-        if size.is_some() {
-            // Not while readers pass through the file (`ETXTBSY`, as for a program running).
-            self.pt.check_key(&key)?;
-        }
+        // Not while readers pass through the file (`ETXTBSY`, as for a program running).
+        let _change = match size {
+            Some(_) => Some(self.pt.begin_change(&key, Some(ino)).await?),
+            None => None,
+        };
         let (held, unchanged) = self.held_item(fh, &key).await?;
         if size.is_none() && unchanged {
             // Only the time of a file as it is in the bucket (`touch` opens it first): patch

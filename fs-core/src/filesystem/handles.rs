@@ -52,7 +52,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let key = self.ns.key_of(&path);
         if mode.write || mode.truncate {
             // Refused before anything changes while readers pass through the file.
-            self.pt.check_key(&key)?;
+            let _change = self.pt.begin_change(&key, Some(ino)).await?;
             let item = self.open_item(&path, &key, mode.truncate).await?;
             return self.staged_handle(ino, item, mode.write).await;
         }
@@ -191,7 +191,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let path = self.new_child_path(parent, name)?;
         let key = self.ns.key_of(&path);
         // A create empties a file of that name: not while readers pass through it.
-        self.pt.check_key(&key)?;
+        let _change = self.pt.begin_change(&key, self.ns.ino_at(&path)).await?;
         let item = if flags.exclusive {
             self.create_exclusive(&path, &key).await?
         } else {

@@ -10,31 +10,38 @@
 //! - All passthrough handles of an inode share one backing file, and while one is open every
 //!   open of the inode must pass through to it (anything else fails with `EIO`); nor may a
 //!   passthrough handle join handles cached in the page cache. So passthrough is chosen only
-//!   at an open when no other handle of the inode is open, and the backing file is let go at
-//!   the last release.
+//!   at an open when no other handle of the inode is open, nor any change of the file under
+//!   way, and the backing file is let go at the last release.
 //! - While the inode's readers pass through: another reader joins them, and reads the
 //!   generation they read, even if the bucket holds a newer one by now (it shows at the first
-//!   open after they all closed, as a file replaced by a rename shows on a local disk). An
-//!   open that cannot read the cache file (a writer, or the file being written by this mount),
-//!   a truncating create and a truncate are refused with `ETXTBSY`, "text file busy", as Linux
-//!   refuses to change a program being run: never `EIO`, and nothing is ever written into a
-//!   cache file.
+//!   open after they all closed, as a file replaced by a rename shows on a local disk). A change
+//!   of the file (an open for writing, a truncating create, a truncate) is refused with
+//!   `ETXTBSY`, "text file busy", as Linux refuses to change a program being run: never `EIO`,
+//!   nothing changed first, and nothing ever written into a cache file.
+//! - The kernel lets go of a handle before it tells the daemon (`RELEASE` comes in the
+//!   background after `close()` returned), so a change that meets readers waits a moment for
+//!   their releases before it is refused, and `cat f; echo x > f` works.
 //! - A passthrough open never carries `FOPEN_KEEP_CACHE`.
 //!
 //! Whether the mount uses passthrough at all is the adapter's to find out (the kernel offers
 //! it at `init` only without the write-back cache, and registering a backing file needs
-//! `CAP_SYS_ADMIN`); [`PassthroughMode::decide`] says when it is wanted, and
-//! [`Filesystem::enable_passthrough`](super::Filesystem::enable_passthrough) turns it on.
+//! `CAP_SYS_ADMIN`); [`PassthroughMode::decide`] says when it is wanted,
+//! [`Filesystem::enable_passthrough`](super::Filesystem::enable_passthrough) turns it on, and a
+//! backing file the kernel refuses turns it off for new opens.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::error::{FsError, FsResult};
 use crate::namespace::Ino;
+
+/// How long a change that meets passthrough readers waits for their releases to arrive.
+const RELEASE_GRACE: Duration = Duration::from_millis(250);
 
 /// `--passthrough`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -95,14 +102,20 @@ pub enum KernelIo {
     Passthrough(Arc<File>),
 }
 
-/// The passthrough state of a mount: on or off, and per inode who has it open how.
+/// The passthrough state of a mount: whether it is on, and per inode who has it open how.
 #[derive(Default)]
 pub(super) struct Passthrough {
+    /// Handles are counted (the kernel was asked for passthrough).
     enabled: AtomicBool,
-    /// Held across one read open's decision, which may wait for the read cache, so two opens
-    /// of one inode cannot both decide to be its first.
-    gate: tokio::sync::Mutex<()>,
+    /// New opens may pass through (off again once the kernel refused a backing file).
+    offering: AtomicBool,
     inodes: Mutex<HashMap<Ino, InodeIo>>,
+    /// Keys of files a change is under way on: none of them may start passing through.
+    changing: Mutex<HashMap<String, usize>>,
+    /// Told at every release, for changes waiting on readers.
+    released: tokio::sync::Notify,
+    /// Told when an inode's first open has decided, for opens of it that came meanwhile.
+    decided: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -111,10 +124,16 @@ struct InodeIo {
     through: usize,
     /// Every other handle (through the daemon).
     other: usize,
+    /// An open is finding out whether it can be the inode's first passthrough handle.
+    deciding: bool,
     /// The backing file, while `through` > 0.
     backing: Option<Arc<File>>,
-    /// The object key of the inode, while `through` > 0.
-    key: String,
+}
+
+impl InodeIo {
+    fn idle(&self) -> bool {
+        self.through == 0 && self.other == 0 && !self.deciding
+    }
 }
 
 /// How an open handle was counted, for its release.
@@ -124,30 +143,79 @@ pub(super) enum Counted {
     Other,
 }
 
+/// A change of the file at a key is under way ([`Passthrough::begin_change`]): no open of it
+/// starts passing through until this is dropped.
+pub(super) struct Change<'a> {
+    pt: &'a Passthrough,
+    key: Option<String>,
+}
+
+impl Drop for Change<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = &self.key {
+            let mut changing = self.pt.changing.lock();
+            if let Some(n) = changing.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    changing.remove(key);
+                }
+            }
+        }
+    }
+}
+
 impl Passthrough {
     pub fn enable(&self) {
         self.enabled.store(true, Ordering::SeqCst);
+        self.offering.store(true, Ordering::SeqCst);
     }
 
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::SeqCst)
     }
 
-    /// `FileBusy` while readers of the file at `key` pass through: a change to its bytes
-    /// (opening it for writing, a truncating create, a truncate) is refused before anything
-    /// is changed.
-    pub fn check_key(&self, key: &str) -> FsResult<()> {
+    /// The kernel refused a backing file: no new open passes through (handles that do keep
+    /// being counted until they are released).
+    pub fn stop_offering(&self) {
+        self.offering.store(false, Ordering::SeqCst);
+    }
+
+    /// Starts a change of the bytes of the file at `key`, whose inode (if the kernel knows
+    /// one there) is `ino`: refused with `FileBusy` while readers pass through that inode
+    /// (after waiting a moment for releases on their way), and until it ends no open of `key`
+    /// starts passing through. Taken before anything is changed.
+    pub async fn begin_change(&self, key: &str, ino: Option<Ino>) -> FsResult<Change<'_>> {
         if !self.enabled() {
-            return Ok(());
+            return Ok(Change {
+                pt: self,
+                key: None,
+            });
         }
-        let busy = self
-            .inodes
-            .lock()
-            .values()
-            .any(|st| st.through > 0 && st.key == key);
-        match busy {
-            true => Err(FsError::FileBusy),
-            false => Ok(()),
+        *self.changing.lock().entry(key.to_string()).or_default() += 1;
+        let change = Change {
+            pt: self,
+            key: Some(key.to_string()),
+        };
+        let Some(ino) = ino else {
+            return Ok(change);
+        };
+        let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
+        loop {
+            // Registered before the check, so a release between the two is not missed.
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let readers = self
+                .inodes
+                .lock()
+                .get(&ino)
+                .is_some_and(|st| st.through > 0);
+            if !readers {
+                return Ok(change);
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return Err(FsError::FileBusy);
+            }
         }
     }
 
@@ -167,8 +235,9 @@ impl Passthrough {
     }
 
     /// A read open of the file at `key`: it joins the inode's passthrough readers if there are
-    /// any; passes through when it is the inode's only handle and `backing` (asked only then)
-    /// gives the file; otherwise goes through the daemon.
+    /// any; passes through when it is the inode's only handle, no change of the file is under
+    /// way, and `backing` gives the file; otherwise goes through the daemon. Opens of an inode
+    /// that come while its first open decides wait for that decision and follow it.
     pub async fn read_open<F, Fut>(&self, ino: Ino, key: &str, backing: F) -> (KernelIo, Counted)
     where
         F: FnOnce() -> Fut,
@@ -177,31 +246,51 @@ impl Passthrough {
         if !self.enabled() {
             return (KernelIo::Daemon, Counted::Other);
         }
-        let _gate = self.gate.lock().await;
-        {
-            let mut inodes = self.inodes.lock();
-            let st = inodes.entry(ino).or_default();
-            if let (Some(file), true) = (&st.backing, st.through > 0) {
-                crate::metrics::passthrough_open();
-                st.through += 1;
-                return (KernelIo::Passthrough(file.clone()), Counted::Through);
+        loop {
+            // Registered before the look, so a decision made between the two is not missed.
+            let decided = self.decided.notified();
+            tokio::pin!(decided);
+            decided.as_mut().enable();
+            {
+                let mut inodes = self.inodes.lock();
+                let st = inodes.entry(ino).or_default();
+                if let (Some(file), true) = (&st.backing, st.through > 0) {
+                    st.through += 1;
+                    return (KernelIo::Passthrough(file.clone()), Counted::Through);
+                }
+                let offered =
+                    self.offering.load(Ordering::SeqCst) && !self.changing.lock().contains_key(key);
+                if st.through > 0 || st.other > 0 || !offered {
+                    st.other += 1;
+                    return (KernelIo::Daemon, Counted::Other);
+                }
+                if !st.deciding {
+                    st.deciding = true;
+                    break;
+                }
             }
-            if st.other > 0 {
-                st.other += 1;
-                return (KernelIo::Daemon, Counted::Other);
-            }
+            // Another open of the inode is deciding (four readers starting at once): its
+            // answer is this one's too.
+            decided.await;
         }
         let file = backing().await;
+        let result = self.decide(ino, key, file);
+        self.decided.notify_waiters();
+        result
+    }
+
+    /// The end of an inode's first open's decision (see [`Self::read_open`]).
+    fn decide(&self, ino: Ino, key: &str, file: Option<File>) -> (KernelIo, Counted) {
         let mut inodes = self.inodes.lock();
         let st = inodes.entry(ino).or_default();
+        st.deciding = false;
         match file {
-            // Nobody opened the inode meanwhile (a writer does not wait for the gate).
-            Some(f) if st.other == 0 && st.through == 0 => {
+            Some(f)
+                if st.other == 0 && st.through == 0 && !self.changing.lock().contains_key(key) =>
+            {
                 let f = Arc::new(f);
-                crate::metrics::passthrough_open();
                 st.through = 1;
                 st.backing = Some(f.clone());
-                st.key = key.to_string();
                 (KernelIo::Passthrough(f), Counted::Through)
             }
             _ => {
@@ -217,22 +306,25 @@ impl Passthrough {
         if !self.enabled() {
             return;
         }
-        let mut inodes = self.inodes.lock();
-        let Some(st) = inodes.get_mut(&ino) else {
-            return;
-        };
-        match how {
-            Counted::Through => {
-                st.through = st.through.saturating_sub(1);
-                if st.through == 0 {
-                    st.backing = None;
+        {
+            let mut inodes = self.inodes.lock();
+            let Some(st) = inodes.get_mut(&ino) else {
+                return;
+            };
+            match how {
+                Counted::Through => {
+                    st.through = st.through.saturating_sub(1);
+                    if st.through == 0 {
+                        st.backing = None;
+                    }
                 }
+                Counted::Other => st.other = st.other.saturating_sub(1),
             }
-            Counted::Other => st.other = st.other.saturating_sub(1),
+            if st.idle() {
+                inodes.remove(&ino);
+            }
         }
-        if st.through == 0 && st.other == 0 {
-            inodes.remove(&ino);
-        }
+        self.released.notify_waiters();
     }
 
     /// A handle the adapter could not pass through after all (the kernel refused the backing
@@ -262,7 +354,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn one_backing_file_per_inode_and_no_other_open_beside_it() {
+    async fn one_backing_file_per_inode_and_no_change_beside_it() {
         let p = Passthrough::default();
         let off = p.read_open(1, "k", || async { Some(file()) }).await;
         assert!(!through(&off.0), "off");
@@ -276,23 +368,56 @@ mod tests {
             (KernelIo::Passthrough(x), KernelIo::Passthrough(y)) => assert!(Arc::ptr_eq(x, y)),
             _ => panic!("{a:?} {b:?}"),
         }
-        // A writer cannot join them: busy, not EIO; nor may the file be changed by name.
+        // A writer cannot join them: busy, not EIO; nor may the file be changed.
         assert_eq!(p.other_open(1).unwrap_err(), FsError::FileBusy);
-        assert_eq!(p.check_key("k"), Err(FsError::FileBusy));
-        assert_eq!(p.check_key("j"), Ok(()));
-        for c in [ca, cb] {
-            assert_eq!(c, Counted::Through);
-            p.release(1, c);
-        }
-        // All closed: a writer opens, and then a reader cannot pass through beside it.
+        assert_eq!(
+            p.begin_change("k", Some(1)).await.err(),
+            Some(FsError::FileBusy)
+        );
+        // Another file, or a new one at the name (no inode there yet): fine.
+        assert!(p.begin_change("j", Some(2)).await.is_ok());
+        assert!(p.begin_change("k", None).await.is_ok());
+        // A change waits for releases on their way.
+        let released = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            p.release(1, ca);
+            p.release(1, cb);
+        };
+        let (change, ()) = tokio::join!(p.begin_change("k", Some(1)), released);
+        let change = change.expect("the readers let go meanwhile");
+        // While it is under way, the file does not start passing through.
+        let (r, cr) = p.read_open(1, "k", || async { Some(file()) }).await;
+        assert!(!through(&r));
+        drop(change);
+        p.release(1, cr);
+        assert!(p.inodes.lock().is_empty());
+        // A writer opens, and then a reader cannot pass through beside it.
         let (w, cw) = p.other_open(1).unwrap();
         assert!(!through(&w));
         let (r, cr) = p.read_open(1, "k", || async { Some(file()) }).await;
         assert!(!through(&r));
         p.release(1, cw);
         p.release(1, cr);
-        assert!(p.inodes.lock().is_empty());
-        // Not in the cache: as always.
+        // Four readers starting at once all pass through, to one file.
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Some(file())
+        };
+        let opens = tokio::join!(
+            p.read_open(5, "m", slow),
+            p.read_open(5, "m", slow),
+            p.read_open(5, "m", slow),
+            p.read_open(5, "m", slow)
+        );
+        for (io, c) in [opens.0, opens.1, opens.2, opens.3] {
+            assert!(through(&io));
+            p.release(5, c);
+        }
+        // Not in the cache: as always. Refused by the kernel once: no more offers.
         assert!(!through(&p.read_open(2, "j", || async { None }).await.0));
+        p.stop_offering();
+        assert!(!through(
+            &p.read_open(3, "i", || async { Some(file()) }).await.0
+        ));
     }
 }

@@ -230,6 +230,12 @@ impl InodeTable {
         Some((g > 0).then_some(g))
     }
 
+    /// The inode the kernel knows at `path`, if any.
+    pub fn ino_at(&self, path: &str) -> Option<Ino> {
+        let ino = self.by_path.get(path)?;
+        self.by_ino.get(ino).filter(|i| !i.detached).map(|_| *ino)
+    }
+
     /// Adds to the lookup count of an existing inode.
     pub fn add_lookup(&mut self, ino: Ino) {
         if let Some(i) = self.by_ino.get_mut(&ino) {

@@ -438,6 +438,11 @@ impl<S: ObjectStore> Namespace<S> {
         self.inodes.lock().basis_at(path)
     }
 
+    /// The inode the kernel knows at `path`, if any (no bucket request).
+    pub fn ino_at(&self, path: &str) -> Option<Ino> {
+        self.inodes.lock().ino_at(path)
+    }
+
     /// The generation the user saw at `path` for a rename over it, given `m` found there: `m`
     /// if it is this mount's own or there is no view to go by, else the view's (`None` when the
     /// view rests on no bucket object: the user saw none there).

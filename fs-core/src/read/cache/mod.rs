@@ -462,17 +462,19 @@ impl Shared {
                         .set_verified(name, epoch, index::Verified::Yes);
                 }
                 Ok(bad) => {
-                    let dropped = {
-                        let mut ix = self.index.lock();
-                        ix.set_verified(name, epoch, index::Verified::No);
-                        ix.drop_blocks(name, epoch, &bad)
-                    };
+                    // Counted before the check is seen to end.
+                    let mut ix = self.index.lock();
+                    let dropped = ix.drop_blocks(name, epoch, &bad);
                     if dropped > 0 {
-                        tracing::warn!(key = %id.key, generation = id.generation, blocks = ?bad, "read cache blocks failed their CRC32C check; fetching them from the bucket");
                         self.counters
                             .corrupt
                             .fetch_add(dropped as u64, Ordering::Relaxed);
                         crate::metrics::read_cache_corrupt(dropped as u64);
+                    }
+                    ix.set_verified(name, epoch, index::Verified::No);
+                    drop(ix);
+                    if dropped > 0 {
+                        tracing::warn!(key = %id.key, generation = id.generation, blocks = ?bad, "read cache blocks failed their CRC32C check; fetching them from the bucket");
                     }
                 }
                 Err(e) => {
@@ -613,11 +615,22 @@ impl Shared {
                 None
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // Evicted since the plan, or deleted behind our back.
-                let mut ix = self.index.lock();
-                if ix.entry(name).is_some_and(|e| e.epoch == epoch) {
-                    ix.remove(name);
+                // Evicted since the plan, or one of its files deleted behind our back: the
+                // other goes too (moved away first, so nothing recreates it under the kernel).
+                let doomed = {
+                    let mut ix = self.index.lock();
+                    let doomed = match ix.entry(name).is_some_and(|e| e.epoch == epoch) {
+                        true => {
+                            ix.remove(name);
+                            self.retire(name, epoch)
+                        }
+                        false => None,
+                    };
                     self.publish(&ix);
+                    doomed
+                };
+                if let Some(p) = doomed {
+                    p.remove();
                 }
                 None
             }
