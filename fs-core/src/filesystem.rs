@@ -38,6 +38,10 @@ pub struct Opened {
 pub struct OpenMode {
     pub write: bool,
     pub truncate: bool,
+    /// The process opening the file (its process id, not a thread's), where the kernel says:
+    /// a close by another process (a child holding a copy of the descriptor) does not save
+    /// the file ([`Filesystem::flush_by`]). `None`: every close saves it.
+    pub process: Option<u32>,
 }
 
 /// How a file is created.
@@ -50,6 +54,8 @@ pub struct CreateFlags {
     /// The mode the caller asked for (the kernel has applied its umask): with
     /// `--posix-metadata` the file shows it and stores it with its upload.
     pub mode: Option<u32>,
+    /// The process creating the file, as [`OpenMode::process`].
+    pub process: Option<u32>,
 }
 
 /// Numbers for `statfs`.
@@ -73,6 +79,8 @@ struct OpenFile<S: ObjectStore> {
     io: FileIo<S>,
     /// Whether [`passthrough`] counted it as passing through, for its release.
     through: std::sync::atomic::AtomicBool,
+    /// The process that opened it for writing, where known ([`OpenMode::process`]).
+    opener: Option<u32>,
 }
 
 /// Reserved key prefix (under the mount prefix) for temporary upload parts; hidden from listings.

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corelog::CoreLog;
-use fs_core::filesystem::{Filesystem, OpenMode, TEMP_DIR};
+use fs_core::filesystem::{CreateFlags, Filesystem, OpenMode, TEMP_DIR};
 use fs_core::store::memory::{FaultConfig, MemoryStore};
 use fs_core::write::upload::{UploadConfig, UploadMode};
 use fs_core::write::writeback::WriteConfig;
@@ -74,13 +74,19 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 const DRAIN_STALL: Duration = Duration::from_secs(10);
 const MAX_HANDLES: usize = 4;
 
+/// The process that opens every file; [`CHILD`] holds copies of its descriptors.
+const WRITER: Option<u32> = Some(1);
+/// A child of the writer: its closes of inherited descriptors save nothing.
+const CHILD: Option<u32> = Some(2);
 const W: OpenMode = OpenMode {
     write: true,
     truncate: false,
+    process: WRITER,
 };
 const WT: OpenMode = OpenMode {
     write: true,
     truncate: true,
+    process: WRITER,
 };
 
 fn all_paths() -> Vec<String> {
@@ -315,6 +321,7 @@ enum Step {
     Append,
     HandleWrite,
     HandleClose,
+    HandleChildClose,
     HandleFsync,
     HandleTruncate,
     Truncate,
@@ -580,6 +587,7 @@ impl Sim {
             (4, Step::Append),
             (w(h, 8), Step::HandleWrite),
             (w(h, 6), Step::HandleClose),
+            (w(h, 2), Step::HandleChildClose),
             (w(h, 4), Step::HandleFsync),
             (w(h, 2), Step::HandleTruncate),
             (4, Step::Truncate),
@@ -615,6 +623,7 @@ impl Sim {
             Step::Rewrite => self.op_rewrite()?,
             Step::HandleWrite => self.op_handle_write()?,
             Step::HandleClose => self.op_handle_close()?,
+            Step::HandleChildClose => self.op_handle_child_close()?,
             Step::HandleFsync => self.op_handle_fsync()?,
             Step::HandleTruncate => self.op_handle_truncate()?,
             Step::Truncate => self.op_truncate()?,
@@ -762,7 +771,11 @@ impl Sim {
         };
         let len = self.size();
         let data = self.bytes(len);
-        let r = self.run(self.fs().create(parent, &name))?;
+        let flags = CreateFlags {
+            process: WRITER,
+            ..CreateFlags::default()
+        };
+        let r = self.run(self.fs().create_with(parent, &name, flags))?;
         let (_, opened) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -867,6 +880,29 @@ impl Sim {
         let name = self.handle_name(h);
         let r = self.close(h.fh, h.file)?;
         self.note(format!("close {name} -> {}", outcome(&r)));
+        Ok(true)
+    }
+
+    /// A child of the writer closes its copy of an open handle (at its exec or exit): not a
+    /// save, so nothing is acknowledged, and it never fails. The handle stays open.
+    fn op_handle_child_close(&mut self) -> Check<bool> {
+        let Some(i) = self.pick_handle() else {
+            return Ok(false);
+        };
+        let h = self.handles[i];
+        let name = self.handle_name(h);
+        let r = self.run(self.fs().flush_by(h.fh, CHILD))?;
+        self.note(format!(
+            "a child closes its copy of {name} -> {}",
+            outcome(&r)
+        ));
+        if let Err(e) = r {
+            return Err(violation(
+                "I5",
+                "a child's close of an inherited descriptor failed",
+                format!("{name}: {e}"),
+            ));
+        }
         Ok(true)
     }
 

@@ -9,6 +9,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::processes::Openers;
 use fs_core::filesystem::{CreateFlags, KernelIo, OpenMode, Opened};
 use fs_core::store::{ObjectStore, Posix};
 use fs_core::{Attr, FsError, Kind};
@@ -32,6 +33,8 @@ pub struct FuseAdapter<S: ObjectStore> {
     /// Whether to ask the kernel for passthrough, or why not (the core's decision).
     passthrough: Result<(), String>,
     backings: Arc<Backings>,
+    /// The process that opened each write handle, for its closes.
+    openers: Arc<Openers>,
 }
 
 impl<S: ObjectStore> FuseAdapter<S> {
@@ -45,6 +48,7 @@ impl<S: ObjectStore> FuseAdapter<S> {
             rt,
             passthrough,
             backings: Arc::default(),
+            openers: Arc::default(),
         }
     }
 }
@@ -441,15 +445,22 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         reply.error(errno(&self.fs.unsupported()));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        let thread = req.pid();
         let mode = OpenMode {
-            write: !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY),
+            write,
             truncate: flags.0 & libc::O_TRUNC != 0,
+            process: write.then(|| Openers::opening(thread)).flatten(),
         };
-        let (fs, backings) = (self.fs.clone(), self.backings.clone());
+        let (fs, backings, openers) =
+            (self.fs.clone(), self.backings.clone(), self.openers.clone());
         self.rt.spawn(async move {
             match fs.open(ino.0, mode).await {
-                Ok(o) => reply_open(&fs, &backings, ino.0, o, reply),
+                Ok(o) => {
+                    openers.opened(o.fh, thread, mode.process);
+                    reply_open(&fs, &backings, ino.0, o, reply)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -499,15 +510,16 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let fs = self.fs.clone();
+        let process = self.openers.closing(fh.0, req.pid());
         self.rt.spawn(async move {
-            match fs.flush(fh.0).await {
+            match fs.flush_by(fh.0, process).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -526,6 +538,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     ) {
         let fs = self.fs.clone();
         self.backings.release(fh.0);
+        self.openers.released(fh.0);
         self.rt.spawn(async move {
             fs.release(fh.0).await;
             reply.ok();
@@ -658,7 +671,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -674,18 +687,22 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             exclusive: flags & libc::O_EXCL != 0,
             // Already masked by the kernel with the caller's umask (no FUSE_DONT_MASK).
             mode: Some(mode & 0o7777),
+            process: Openers::opening(req.pid()),
         };
-        let fs = self.fs.clone();
+        let (fs, openers, thread) = (self.fs.clone(), self.openers.clone(), req.pid());
         self.rt.spawn(async move {
             match fs.create_with(parent.0, &name, flags).await {
                 // A new file is written through the daemon.
-                Ok((a, o)) => reply.created(
-                    &a.ttl,
-                    &file_attr(&a),
-                    GENERATION,
-                    FileHandle(o.fh),
-                    FopenFlags::empty(),
-                ),
+                Ok((a, o)) => {
+                    openers.opened(o.fh, thread, flags.process);
+                    reply.created(
+                        &a.ttl,
+                        &file_attr(&a),
+                        GENERATION,
+                        FileHandle(o.fh),
+                        FopenFlags::empty(),
+                    )
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -8,6 +8,7 @@ mod kernel_mount;
 mod mount;
 mod mount_options;
 mod notify;
+mod processes;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

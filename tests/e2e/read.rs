@@ -478,7 +478,13 @@ fn read_cache_serves_a_reread_after_remount_and_never_a_replaced_object() -> Res
     let (sum, fetched, hits) = read(&[])?;
     assert_eq!(sum, sha256(&new), "a replaced object is read new");
     assert!(fetched >= new.len() as f64, "{fetched}");
-    assert_eq!(hits, 0.0, "nothing of the old generation is served");
+    // Nothing of the old generation is served: the bytes read are the new object's (the
+    // checksum above). The new generation's cache starts empty, so, as for the first read, a
+    // range read again within the read may be served from what this read just downloaded.
+    assert!(
+        hits < fetched / 4.0,
+        "the read of a replaced object was served {hits} bytes from the cache, having downloaded {fetched}"
+    );
     let (sum, fetched, _) = read(&[])?;
     assert_eq!(sum, sha256(&new));
     assert_eq!(fetched, 0.0, "and is cached in turn");

@@ -170,6 +170,16 @@ fn names_in(dir: &Path) -> std::io::Result<Vec<String>> {
 }
 
 /// Pseudo-random bytes, fast even in a debug build (xorshift), different per `seed`.
+/// Starts `true` and waits for it. The child gets a copy of every descriptor of this process
+/// (closed at its exec: the kernel sends the mount a flush for each file open here).
+fn spawn_true() -> std::io::Result<()> {
+    let status = std::process::Command::new("true").status()?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!("true exited with {status}")));
+    }
+    Ok(())
+}
+
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut v = Vec::with_capacity(len + 8);
@@ -321,6 +331,12 @@ fn failed_copy_over_an_object_never_replaces_it() -> Result<()> {
         for (i, chunk) in new.chunks(MIB).enumerate() {
             f.write_all(chunk)
                 .map_err(|e| (format!("a write after {i} MiB"), e))?;
+            if i == 7 {
+                // A program that starts another one while it writes (a build tool, an IDE):
+                // the child's copy of the descriptor is closed at its exec, and the kernel
+                // tells the mount about that close as a flush of this file.
+                spawn_true().map_err(|e| ("starting a child process".to_string(), e))?;
+            }
         }
         close_checked(f).map_err(|e| ("the close".to_string(), e))
     })();

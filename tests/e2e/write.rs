@@ -641,6 +641,47 @@ fn writes_through_a_shared_mapping_after_close_are_uploaded() -> Result<()> {
     m.unmount()
 }
 
+/// A program that starts other programs while it writes a file (a build tool, an IDE, a shell
+/// script): each child gets a copy of the descriptor and closes it at its `exec` or exit, and
+/// the kernel reports each such close. Those closes save nothing: the bucket never gets the
+/// file half written, and gets it whole at the writer's own close. A child that goes on
+/// writing after the writer closed its copy is saved when the last descriptor goes.
+#[test]
+fn a_childs_close_of_an_inherited_descriptor_does_not_upload_half_a_file() -> Result<()> {
+    let emu = setup("children")?;
+    let m = Mount::new(&emu, "children", &["--write-back-delay", "0s"])?;
+    let data = random_bytes(4 * MIB, 91);
+    let mut f = std::fs::File::create(m.path().join("built"))?;
+    f.write_all(&data[..MIB])?;
+    // Rust's Command starts the child with a copy of every descriptor, closed at its exec.
+    let ran = Command::new("true").status()?;
+    anyhow::ensure!(ran.success(), "true failed: {ran}");
+    // With a write-back delay of 0s, an upload of what the child's close saved would start at
+    // once and land within a moment (it does, without the fix).
+    for _ in 0..30 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let keys = emu.keys("children")?;
+        anyhow::ensure!(
+            !keys.iter().any(|k| k == "built"),
+            "a child's close uploaded the file half written: {keys:?}"
+        );
+    }
+    f.write_all(&data[MIB..])?;
+    bucketdrive_tests::close_checked(f)?;
+    wait_for_object(&emu, "children", "built", &sha256(&data), 60)?;
+
+    // The shell opens fd 3, writes, starts a child holding fd 3 and closes its own copy; the
+    // child writes after it and exits. Both lines reach the bucket.
+    let script = format!(
+        "exec 3>'{}'; echo opener >&3; (sleep 0.3; echo child >&3) & exec 3>&-; wait",
+        m.path().join("log").display()
+    );
+    let ran = Command::new("bash").arg("-c").arg(&script).status()?;
+    anyhow::ensure!(ran.success(), "the script failed: {ran}");
+    wait_for_object(&emu, "children", "log", &sha256(b"opener\nchild\n"), 60)?;
+    m.unmount()
+}
+
 /// Opens `path` as Python's `open(path, 'x')` does (`O_CREAT|O_EXCL`), writes `data` and
 /// closes, checking the close.
 fn create_new_and_write(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {

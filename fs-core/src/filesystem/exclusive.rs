@@ -19,6 +19,7 @@ use crate::write::upload::UploadConfig;
 const EXCL: CreateFlags = CreateFlags {
     exclusive: true,
     mode: None,
+    process: None,
 };
 
 fn wcfg(cache: &Path) -> WriteConfig {

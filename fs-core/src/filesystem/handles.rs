@@ -24,12 +24,16 @@ use crate::store::{ObjectMeta, ObjectStore, Posix, Precondition, StoreErrorKind,
 use crate::write::writeback::{ItemRef, LocalAttr, WriteBack};
 
 impl<S: ObjectStore> Filesystem<S> {
-    fn add_handle(&self, ino: Ino, io: FileIo<S>, counted: Counted) -> u64 {
+    fn add_handle(&self, ino: Ino, io: FileIo<S>, counted: Counted, opener: Option<u32>) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let through = std::sync::atomic::AtomicBool::new(counted == Counted::Through);
-        self.files
-            .lock()
-            .insert(fh, Arc::new(OpenFile { ino, io, through }));
+        let file = OpenFile {
+            ino,
+            io,
+            through,
+            opener,
+        };
+        self.files.lock().insert(fh, Arc::new(file));
         fh
     }
 
@@ -54,13 +58,15 @@ impl<S: ObjectStore> Filesystem<S> {
             // Refused before anything changes while readers pass through the file.
             let _change = self.pt.begin_change(&key, Some(ino)).await?;
             let item = self.open_item(&path, &key, mode.truncate).await?;
-            return self.staged_handle(ino, item, mode.write).await;
+            return self
+                .staged_handle(ino, item, mode.write, mode.process)
+                .await;
         }
         if let Some(w) = &self.write {
             // Only a live item: one retiring meanwhile would otherwise be replaced by a new,
             // empty one, and the reader would see an empty file.
             if let Some(item) = w.open_existing(&key).await {
-                return self.staged_handle(ino, item, false).await;
+                return self.staged_handle(ino, item, false, None).await;
             }
         }
         let (meta, keep_cache) = self.ns.open_file(ino).await?;
@@ -89,7 +95,7 @@ impl<S: ObjectStore> Filesystem<S> {
         };
         let keep_cache = keep_cache && matches!(io, KernelIo::Daemon);
         let reader = FileIo::Read(Box::new(tokio::sync::Mutex::new(reader)));
-        let fh = self.add_handle(ino, reader, counted);
+        let fh = self.add_handle(ino, reader, counted, None);
         Ok(Opened { fh, keep_cache, io })
     }
 
@@ -155,9 +161,15 @@ impl<S: ObjectStore> Filesystem<S> {
         FsError::Stale
     }
 
-    /// A handle on `item`. While readers of the inode pass through it is refused (and the
-    /// item released).
-    async fn staged_handle(&self, ino: Ino, item: ItemRef, writable: bool) -> FsResult<Opened> {
+    /// A handle on `item`, opened by `opener`. While readers of the inode pass through it is
+    /// refused (and the item released).
+    async fn staged_handle(
+        &self,
+        ino: Ino,
+        item: ItemRef,
+        writable: bool,
+        opener: Option<u32>,
+    ) -> FsResult<Opened> {
         let (io, counted) = match self.pt.other_open(ino) {
             Ok(x) => x,
             Err(e) => {
@@ -168,7 +180,7 @@ impl<S: ObjectStore> Filesystem<S> {
             }
         };
         Ok(Opened {
-            fh: self.add_handle(ino, FileIo::Staged { item, writable }, counted),
+            fh: self.add_handle(ino, FileIo::Staged { item, writable }, counted, opener),
             keep_cache: false,
             io,
         })
@@ -215,7 +227,9 @@ impl<S: ObjectStore> Filesystem<S> {
             posix,
         };
         let attr = self.ns.register(&path, &local_entry(&key, la), 1);
-        let opened = self.staged_handle(attr.ino, item, true).await?;
+        let opened = self
+            .staged_handle(attr.ino, item, true, flags.process)
+            .await?;
         Ok((attr, opened))
     }
 
@@ -343,15 +357,39 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// A `close()` of one descriptor: written data becomes durable and its upload is scheduled
-    /// (or done, with upload-on-close).
+    /// A `close()` of one descriptor by the process that opened it: written data becomes
+    /// durable and its upload is scheduled (or done, with upload-on-close).
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
+        self.flush_by(fh, None).await
+    }
+
+    /// A `close()` of one descriptor by `process` (`None`: not known). Only a close by the
+    /// process that opened the file saves it. The kernel also reports the close of every copy
+    /// of the descriptor: a child started while the file is being written closes its copy at
+    /// `exec` or exit. That close says nothing about the file being finished, and saving there
+    /// would upload it half written (and keep that version even when the writer's later
+    /// writes fail, I10). The file is saved at the opener's own close, or at the release of
+    /// its last descriptor when the opener closed its copy first.
+    pub async fn flush_by(&self, fh: u64, process: Option<u32>) -> FsResult<()> {
         let file = self.handle(fh)?;
         match &file.io {
             FileIo::Staged {
                 item,
                 writable: true,
-            } => self.writer()?.close(item).await,
+            } => {
+                if let (Some(opener), Some(closer)) = (file.opener, process) {
+                    if opener != closer {
+                        tracing::debug!(
+                            fh,
+                            opener,
+                            closer,
+                            "a close by another process than the opener: not a save"
+                        );
+                        return Ok(());
+                    }
+                }
+                self.writer()?.close(item).await
+            }
             _ => Ok(()),
         }
     }

@@ -297,6 +297,7 @@ async fn a_copy_that_fails_for_space_never_replaces_the_object() {
             OpenMode {
                 write: true,
                 truncate: true,
+                process: None,
             },
         )
         .await
@@ -330,6 +331,7 @@ async fn a_copy_that_fails_for_space_never_replaces_the_object() {
             OpenMode {
                 write: true,
                 truncate: false,
+                process: None,
             },
         )
         .await
@@ -347,6 +349,7 @@ async fn a_copy_that_fails_for_space_never_replaces_the_object() {
             OpenMode {
                 write: true,
                 truncate: true,
+                process: None,
             },
         )
         .await
@@ -357,6 +360,79 @@ async fn a_copy_that_fails_for_space_never_replaces_the_object() {
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(store.object_bytes("big").unwrap(), new);
     assert_eq!(fs.write_status().await.held_files, 0);
+}
+
+/// Case 3 with a child process: the program copying starts another one partway (a build tool,
+/// an IDE). The kernel reports the child's close of its inherited copy of the descriptor as a
+/// close of the file. That close saves nothing: the half-written file is never uploaded, and
+/// when the copy then fails for space, the bucket keeps the whole old object (I10).
+#[tokio::test]
+async fn a_childs_close_of_its_copy_saves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let old: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    store.insert("big", old.clone());
+    let fs = machine_with_cap(&store, dir.path(), "m1", 100_000);
+    let attr = fs.lookup(ROOT_INO, "big").await.unwrap();
+    let (writer, child) = (Some(100), Some(200));
+    let mode = OpenMode {
+        write: true,
+        truncate: true,
+        process: writer,
+    };
+    let h = fs.open(attr.ino, mode).await.unwrap();
+    let mut chunks = vec![7u8; 200_000];
+    for (i, b) in chunks.iter_mut().enumerate() {
+        *b = (i % 13) as u8;
+    }
+    let mut failed = None;
+    for (i, chunk) in chunks.chunks(16_384).enumerate() {
+        if let Err(e) = fs.write(h.fh, (i * 16_384) as u64, chunk).await {
+            failed = Some(e);
+            break;
+        }
+        if i == 2 {
+            assert_eq!(fs.flush_by(h.fh, child).await, Ok(()), "the child's close");
+            assert_eq!(fs.drain(false).await, 0);
+            assert!(
+                store.object_bytes("big").unwrap() == old,
+                "the child's close uploaded the file half written"
+            );
+        }
+    }
+    assert_eq!(failed, Some(FsError::NoSpace), "a write fails for space");
+    assert_eq!(fs.flush_by(h.fh, writer).await, Err(FsError::NoSpace));
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert!(
+        store.object_bytes("big").unwrap() == old,
+        "the object is the whole old version"
+    );
+
+    // A close by the process that opened the file saves it, whichever of its threads closes
+    // (the adapter names processes, not threads). A child that goes on writing after the
+    // opener closed its copy: the release of the last descriptor saves what the child wrote.
+    let (a, h) = fs
+        .create_with(
+            ROOT_INO,
+            "log",
+            CreateFlags {
+                process: writer,
+                ..CreateFlags::default()
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 0, b"opener ").await.unwrap();
+    assert_eq!(fs.flush_by(h.fh, writer).await, Ok(()));
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("log").unwrap(), &b"opener "[..]);
+    fs.write(h.fh, 7, b"and child").await.unwrap();
+    assert_eq!(fs.flush_by(h.fh, child).await, Ok(()));
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("log").unwrap(), &b"opener and child"[..]);
+    assert!(fs.getattr(a.ino).await.is_ok());
 }
 
 /// A file opened from the bucket and partly rewritten, whose untouched bytes cannot be fetched
@@ -376,6 +452,7 @@ async fn a_close_that_could_not_fetch_its_missing_bytes_uploads_nothing() {
             OpenMode {
                 write: true,
                 truncate: false,
+                process: None,
             },
         )
         .await
@@ -400,6 +477,7 @@ async fn a_close_that_could_not_fetch_its_missing_bytes_uploads_nothing() {
             OpenMode {
                 write: true,
                 truncate: false,
+                process: None,
             },
         )
         .await
@@ -429,6 +507,7 @@ async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
             OpenMode {
                 write: true,
                 truncate: false,
+                process: None,
             },
         )
         .await
@@ -461,6 +540,7 @@ async fn a_reader_opened_before_a_writer_reads_what_it_wrote() {
             OpenMode {
                 write: true,
                 truncate: false,
+                process: None,
             },
         )
         .await

@@ -29,10 +29,12 @@ fn writable(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Filesystem<Memor
 pub(super) const W: OpenMode = OpenMode {
     write: true,
     truncate: false,
+    process: None,
 };
 pub(super) const WT: OpenMode = OpenMode {
     write: true,
     truncate: true,
+    process: None,
 };
 
 async fn write_file(fs: &Filesystem<MemoryStore>, parent: Ino, name: &str, data: &[u8]) -> Ino {
@@ -1126,6 +1128,7 @@ async fn a_new_file_keeps_the_mode_it_was_created_with() {
     let flags = CreateFlags {
         exclusive: false,
         mode: Some(0o600),
+        process: None,
     };
     let (a, h) = fs.create_with(ROOT_INO, "private", flags).await.unwrap();
     assert_eq!(a.perm, 0o600, "as created");

@@ -191,6 +191,7 @@ async fn writes_are_refused_read_only() {
     let w = OpenMode {
         write: true,
         truncate: false,
+        process: None,
     };
     assert_eq!(fs.open(f.ino, w).await.unwrap_err(), FsError::ReadOnly);
     assert_eq!(

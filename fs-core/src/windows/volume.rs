@@ -543,6 +543,9 @@ impl<S: ObjectStore> Volume<S> {
             let flags = CreateFlags {
                 exclusive: opts.create_new,
                 mode: None,
+                // Windows sends one cleanup per file object, after its last handle (copies a
+                // child inherited included) is closed: every cleanup is the writer's own.
+                process: None,
             };
             let created = self.fs.create_with(parent.ino, &name, flags).await;
             created.map(|(attr, opened)| (attr, Some(opened.fh)))
@@ -610,6 +613,7 @@ impl<S: ObjectStore> Volume<S> {
                 OpenMode {
                     write: true,
                     truncate,
+                    process: None,
                 },
             )
             .await?;

@@ -1,0 +1,98 @@
+//! Which process a FUSE request came from: translation of the kernel's thread ids.
+//!
+//! A FUSE request carries the id of the calling *thread*. The core wants the *process* that
+//! opened a file for writing and the one closing a descriptor of it, so that a close by a
+//! child holding an inherited copy of the descriptor (closed at its `exec` or exit) is not
+//! taken for the writer's own close. A thread's process is the `Tgid` in
+//! `/proc/<thread>/status`. Only write handles are tracked, so reads and read-only closes
+//! cost nothing; a write handle's close costs a lookup only when another thread closes it.
+
+use std::collections::HashMap;
+
+/// The process of thread `thread`, or `None` if it cannot be told (the thread is gone, or the
+/// kernel gave no id: a request from outside the mount's pid namespace carries 0).
+pub fn process_of(thread: u32) -> Option<u32> {
+    if thread == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{thread}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The opener of each open write handle: its thread and that thread's process.
+#[derive(Default)]
+pub struct Openers(parking_lot::Mutex<HashMap<u64, (u32, u32)>>);
+
+impl Openers {
+    /// The process of `thread`, which is opening a file for writing (`None`: not known).
+    pub fn opening(thread: u32) -> Option<u32> {
+        process_of(thread)
+    }
+
+    /// Handle `fh` was opened for writing by `thread` of `process`.
+    pub fn opened(&self, fh: u64, thread: u32, process: Option<u32>) {
+        if let Some(p) = process {
+            self.0.lock().insert(fh, (thread, p));
+        }
+    }
+
+    /// The process of `thread`, which is closing a descriptor of `fh`. `None` for handles not
+    /// tracked (read handles), so the core treats every such close alike.
+    pub fn closing(&self, fh: u64, thread: u32) -> Option<u32> {
+        let (opener_thread, opener) = *self.0.lock().get(&fh)?;
+        if thread == opener_thread {
+            return Some(opener);
+        }
+        process_of(thread)
+    }
+
+    /// Handle `fh` is released.
+    pub fn released(&self, fh: u64) {
+        self.0.lock().remove(&fh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_belongs_to_its_process() {
+        let me = std::process::id();
+        assert_eq!(process_of(me), Some(me));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let _ = tx.send(unsafe { libc::gettid() } as u32);
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap_or(0);
+        assert_ne!(tid, me, "a second thread has its own id");
+        assert_eq!(process_of(tid), Some(me), "and belongs to this process");
+        let _ = done_tx.send(());
+        let _ = t.join();
+        assert_eq!(process_of(0), None);
+    }
+
+    #[test]
+    fn a_close_by_a_child_is_told_from_the_openers() {
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep starts");
+        let openers = Openers::default();
+        openers.opened(7, me, Openers::opening(me));
+        assert_eq!(openers.closing(7, me), Some(me));
+        assert_eq!(openers.closing(7, child.id()), Some(child.id()));
+        assert_eq!(openers.closing(8, child.id()), None, "not a write handle");
+        openers.released(7);
+        assert_eq!(openers.closing(7, me), None);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
