@@ -53,7 +53,9 @@
 //! # Modules
 //!
 //! - [`item`]: one file's state machine (working copy, pending version, life).
-//! - [`writeback`]: the engine the facade calls (open, write, commit, close, drain).
+//! - [`writeback`]: the engine the facade calls: its items by name, open, drain, status.
+//! - [`working_copy`]: a file's working copy: reads, writes, truncates, copy-on-write, space.
+//! - [`seal`]: commit (a working copy becomes an acknowledged version), close, fsync, release.
 //! - [`name_changes`]: deletes and renames of files being written, and the pause that keeps
 //!   uploads out of their way (I3, I8).
 //! - [`scheduler`]: when an upload may start (write-back delay, backoff).
@@ -73,10 +75,12 @@ pub mod name_changes;
 pub mod ranges;
 pub mod replay;
 pub mod scheduler;
+pub mod seal;
 pub mod space;
 pub mod staging;
 pub mod staging_pool;
 pub mod status;
 pub mod upload;
 pub mod uploader;
+pub mod working_copy;
 pub mod writeback;

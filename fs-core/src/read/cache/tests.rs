@@ -665,8 +665,13 @@ async fn passthrough_after_check(cache: &ReadCache, meta: &ObjectMeta) -> Option
             let ix = cache.shared.index.lock();
             matches!(ix.whole(id.name()), Some((_, index::Verified::Running)))
         };
-        if got.is_some() || !running || std::time::Instant::now() > end {
+        if got.is_some() || std::time::Instant::now() > end {
             return got;
+        }
+        if !running {
+            // The check ended (perhaps between the ask and the look): its answer is the
+            // next ask's.
+            return cache.passthrough_file("bkt", meta).await;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

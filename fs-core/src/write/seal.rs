@@ -1,0 +1,302 @@
+//! Sealing: how a working copy becomes an acknowledged version, and what a close, an fsync
+//! and the last release of a file do.
+//!
+//! A commit completes the working copy (fetching the bytes the writer never touched), fsyncs
+//! it, computes its CRC32C and appends its journal record, replacing the superseded
+//! version's in the same line; only then is the close acknowledged. A commit that fails keeps
+//! the changes staged and journaled as *not saved* (I10): never uploaded, never retried in the
+//! background, kept across a crash.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::item::{Item, ItemRef, Life, Shared, Version};
+use super::journal::{Change, UploadState};
+use super::writeback::WriteBack;
+use crate::error::{FsError, FsResult};
+use crate::store::ObjectStore;
+
+impl<S: ObjectStore> WriteBack<S> {
+    /// Makes the item's current content an acknowledged version: every byte present locally,
+    /// fsync'd, its CRC32C known, and its journal record durable (replacing the record of the
+    /// version it supersedes in the same line). Called on close, fsync and the last release.
+    ///
+    /// A held working copy (a change to it failed) is never committed: the error is returned
+    /// again. A commit that fails otherwise (no room for the whole file, bytes of the object it
+    /// was opened from that could not be fetched) is not tried again in the background (I10:
+    /// the user was told it failed): the changes stay staged, not saved, until a later close or
+    /// fsync succeeds.
+    pub async fn commit(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
+        loop {
+            let mut it = item.0.item.lock().await;
+            if it.life != Life::Live {
+                return Ok(());
+            }
+            if let Some(e) = &it.held {
+                return Err(e.clone());
+            }
+            if !it.dirty() {
+                return Ok(());
+            }
+            let size = it.work.size();
+            self.reserve(&item.0, &it, size).await?;
+            let missing = it.work.missing(0..size);
+            if missing.is_empty() {
+                return self.seal(&item.0, &mut it).await;
+            }
+            self.fill_holes(&item.0, it, missing).await?;
+        }
+    }
+
+    pub(super) async fn seal(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        it: &mut Item,
+    ) -> FsResult<()> {
+        // A failed fsync may have lost written pages: like a failed write.
+        let sealed = it.work.seal().await.map_err(FsError::from);
+        let crc = match sealed {
+            Ok(crc) => crc,
+            Err(e) => {
+                Self::hold_on_failure(it, &Err(e.clone()));
+                return Err(e);
+            }
+        };
+        if !it.work_named {
+            let dir = self.dir.staging_dir().clone();
+            crate::platform::blocking(move || dir.sync()).await?;
+            it.work_named = true;
+        }
+        let old = it.pending.take();
+        if let Some(o) = &old {
+            // An upload of the superseded version may have landed unseen (in flight now, or
+            // its answer lost): the new record remembers it, so that finding it in the bucket
+            // after a crash is not taken for someone else's write.
+            it.note_maybe_landed(o);
+        }
+        let progress = match &old {
+            // Appended to: parts of the older version may still hold this one's bytes (each is
+            // checked before it is reused). A resumable session is the older version's alone.
+            Some(p) if p.id == it.work_id => match &p.progress {
+                UploadState::Uploading { parts, .. } if !parts.is_empty() => {
+                    UploadState::Uploading {
+                        session_url: None,
+                        parts: parts.clone(),
+                    }
+                }
+                _ => UploadState::Staged,
+            },
+            _ => UploadState::Staged,
+        };
+        let v = Version {
+            seq: it.next_seq,
+            id: it.work_id,
+            size: it.work.size(),
+            crc32c: crc,
+            mtime: it.mtime,
+            metadata: it.metadata.clone(),
+            progress,
+        };
+        let mut changes = vec![Change::Put(it.record(&v))];
+        if let Some(o) = old.as_ref().filter(|o| o.id != v.id) {
+            changes.push(Change::Del(o.id));
+        }
+        // Changes kept as not saved are saved now: their record goes in the same line.
+        if let Some(u) = it.unsaved_record {
+            changes.push(Change::Del(u));
+        }
+        let change = match changes.len() {
+            1 => changes.remove(0),
+            _ => Change::Batch(changes),
+        };
+        if let Err(e) = self.journal.apply(change).await {
+            it.pending = old;
+            return Err(e.into());
+        }
+        it.unsaved_record = None;
+        if old.as_ref().is_some_and(|o| Some(o.id) == it.unsaved_file) {
+            // The superseded version's file: it goes as that version's does, below (not while
+            // an attempt in flight still reads it).
+            it.unsaved_file = None;
+        }
+        it.next_seq += 1;
+        it.pending = Some(v);
+        self.drop_unsaved_file(it);
+        it.committed = it.edits;
+        if let Some(o) = old.filter(|o| o.id != it.work_id) {
+            // Superseded before it reached the bucket. An attempt in flight still reads it and
+            // cleans up after itself when it ends.
+            if !it.sched.uploading {
+                self.discard(&o);
+            }
+        }
+        self.recharge(shared, it);
+        it.sched.due_in(self.cfg.write_back_delay);
+        shared.wake.notify_one();
+        self.ensure_task(shared, it);
+        Ok(())
+    }
+
+    /// Makes the working copy's bytes and its name durable, before a record names them.
+    pub(super) async fn work_durable(&self, it: &mut Item) -> std::io::Result<()> {
+        let file = it.work.clone_file()?;
+        crate::platform::blocking(move || file.sync_all()).await?;
+        if !it.work_named {
+            let dir = self.dir.staging_dir().clone();
+            crate::platform::blocking(move || dir.sync()).await?;
+            it.work_named = true;
+        }
+        Ok(())
+    }
+
+    /// Changes that were not saved (held, or the last close failed) stay staged: their bytes
+    /// are made durable and a journal record keeps them across an unmount or a crash. They
+    /// are never uploaded from it. Best effort: the disk that failed a write may fail this too.
+    pub(super) async fn keep_unsaved(&self, it: &mut Item) {
+        if it.life != Life::Live || !it.dirty() {
+            return;
+        }
+        let id = it.unsaved_record.unwrap_or_else(|| self.new_id());
+        let kept = match self.work_durable(it).await {
+            Ok(()) => self.journal.put(&it.unsaved(id)).await,
+            Err(e) => Err(e),
+        };
+        match kept {
+            Ok(()) => {
+                it.unsaved_record = Some(id);
+                // The record now names the working copy's file; one it named before (the
+                // working copy moved off it since) is no longer needed.
+                self.drop_unsaved_file(it);
+                it.unsaved_file = Some(it.work_id);
+            }
+            Err(e) => {
+                tracing::error!(key = %it.key, error = %e, "could not keep the file's unsaved changes in the journal; they are lost if the mount stops")
+            }
+        }
+    }
+
+    /// Lets go of the staging file an unsaved record named, once no record names it (through
+    /// the pool: it stays until the record's removal is durable). The working copy's own file
+    /// is kept.
+    pub(super) fn drop_unsaved_file(&self, it: &mut Item) {
+        if let Some(f) = it.unsaved_file.take() {
+            if f != it.work_id && it.pending.as_ref().is_none_or(|p| p.id != f) {
+                self.recycle(f);
+            }
+        }
+    }
+
+    /// Close of one handle: commit, then either wait for the upload (`upload_on_close`) or let
+    /// it run in the background. A commit that fails keeps the changes staged (not saved).
+    pub async fn close(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
+        if let Err(e) = self.commit(item).await {
+            let mut it = item.0.item.lock().await;
+            it.close_failed = true;
+            self.keep_unsaved(&mut it).await;
+            return Err(e);
+        }
+        item.0.item.lock().await.close_failed = false;
+        if self.cfg.upload_on_close {
+            self.flush_to_bucket(item).await
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Commits and waits until the item is in the bucket: fsync.
+    pub async fn flush_to_bucket(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
+        if let Err(e) = self.commit(item).await {
+            item.0.item.lock().await.close_failed = true;
+            return Err(e);
+        }
+        item.0.item.lock().await.close_failed = false;
+        let target = {
+            let mut it = item.0.item.lock().await;
+            let Some(p) = it.pending.as_ref().filter(|_| it.life == Life::Live) else {
+                return Ok(());
+            };
+            let target = p.seq;
+            it.sched.expedite();
+            self.ensure_task(&item.0, &mut it);
+            target
+        };
+        item.0.wake.notify_one();
+        let mut rx = item.0.progress.subscribe();
+        loop {
+            {
+                let p = rx.borrow_and_update();
+                if p.uploaded >= target {
+                    return Ok(());
+                }
+                if let Some(e) = p.error.as_ref().filter(|_| p.failed_seq >= target) {
+                    return Err(FsError::Io(format!("upload failed, file kept staged: {e}")));
+                }
+            }
+            if item.0.item.lock().await.life != Life::Live {
+                // Deleted or renamed over meanwhile: nothing of it is to be uploaded.
+                return Ok(());
+            }
+            if rx.changed().await.is_err() {
+                return Err(FsError::Io("upload engine stopped".into()));
+            }
+        }
+    }
+
+    /// One handle on `item` closed. Writes that arrived after its last flush (a shared
+    /// mapping, the kernel's write-back cache) are committed when the last handle goes.
+    pub async fn release(self: &Arc<Self>, item: &ItemRef) {
+        let last = {
+            let mut it = item.0.item.lock().await;
+            it.handles = it.handles.saturating_sub(1);
+            item.0.open.store(it.handles, Ordering::SeqCst);
+            it.handles == 0
+        };
+        let close_failed = item.0.item.lock().await.close_failed;
+        let failed = if !last {
+            None
+        } else if close_failed {
+            // The user was told the close failed: the release does not save it after all.
+            Some(FsError::Io("the last close failed".into()))
+        } else {
+            self.commit(item).await.err()
+        };
+        let mut it = item.0.item.lock().await;
+        if let Some(e) = failed {
+            // Not tried again in the background (I10): nothing of it is uploaded unless a later
+            // close saves it. Kept across an unmount or a crash all the same.
+            tracing::error!(key = %it.key, error = %e, "the file's last changes could not be saved; they stay staged and are not uploaded; the bucket keeps its last whole version");
+            self.keep_unsaved(&mut it).await;
+        }
+        if it.handles == 0 {
+            it.work.close_fd();
+        }
+        self.retire_if_settled(&item.0, &mut it);
+    }
+
+    /// Drops an item nobody needs any more: no handles, nothing pending (or unlinked).
+    pub(super) fn retire_if_settled(&self, shared: &Arc<Shared>, it: &mut Item) {
+        if !it.settled() || it.life == Life::Retired {
+            return;
+        }
+        it.life = Life::Retired;
+        if let Some(u) = it.unsaved_record.take() {
+            // Normally gone already (saved, or removed with the name).
+            if let Err(e) = self.journal.forget(u) {
+                tracing::warn!(error = %e, "could not remove a journal record");
+            }
+        }
+        self.drop_unsaved_file(it);
+        {
+            let mut map = self.by_key.lock();
+            // Only this item's entry: a newer item may already have taken the name.
+            if map.get(&it.key).is_some_and(|s| Arc::ptr_eq(s, shared)) {
+                map.remove(&it.key);
+            }
+        }
+        it.work.close_fd();
+        // Nothing needs the file any more: its version is in the bucket (or it was unlinked),
+        // and no descriptor reads it (an upload attempt ends before its item can settle).
+        self.recycle(it.work_id);
+        self.recharge(shared, it);
+    }
+}
