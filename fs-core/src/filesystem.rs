@@ -81,6 +81,8 @@ struct OpenFile<S: ObjectStore> {
     through: std::sync::atomic::AtomicBool,
     /// The process that opened it for writing, where known ([`OpenMode::process`]).
     opener: Option<u32>,
+    /// Whether the opener closed a descriptor of it: from then on every close saves.
+    opener_closed: std::sync::atomic::AtomicBool,
 }
 
 /// Reserved key prefix (under the mount prefix) for temporary upload parts; hidden from listings.

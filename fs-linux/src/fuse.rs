@@ -448,14 +448,15 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         let thread = req.pid();
-        let mode = OpenMode {
-            write,
-            truncate: flags.0 & libc::O_TRUNC != 0,
-            process: write.then(|| Openers::opening(thread)).flatten(),
-        };
         let (fs, backings, openers) =
             (self.fs.clone(), self.backings.clone(), self.openers.clone());
         self.rt.spawn(async move {
+            // The calling thread waits for the reply, so its id still names it here.
+            let mode = OpenMode {
+                write,
+                truncate: flags.0 & libc::O_TRUNC != 0,
+                process: write.then(|| Openers::opening(thread)).flatten(),
+            };
             match fs.open(ino.0, mode).await {
                 Ok(o) => {
                     openers.opened(o.fh, thread, mode.process);
@@ -516,9 +517,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let fs = self.fs.clone();
-        let process = self.openers.closing(fh.0, req.pid());
+        let (fs, openers, thread) = (self.fs.clone(), self.openers.clone(), req.pid());
         self.rt.spawn(async move {
+            // The closing thread waits for the reply, so its id still names it here.
+            let process = openers.closing(fh.0, thread);
             match fs.flush_by(fh.0, process).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -683,14 +685,16 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let flags = CreateFlags {
-            exclusive: flags & libc::O_EXCL != 0,
-            // Already masked by the kernel with the caller's umask (no FUSE_DONT_MASK).
-            mode: Some(mode & 0o7777),
-            process: Openers::opening(req.pid()),
-        };
+        let exclusive = flags & libc::O_EXCL != 0;
         let (fs, openers, thread) = (self.fs.clone(), self.openers.clone(), req.pid());
         self.rt.spawn(async move {
+            let flags = CreateFlags {
+                exclusive,
+                // Already masked by the kernel with the caller's umask (no FUSE_DONT_MASK).
+                mode: Some(mode & 0o7777),
+                // The calling thread waits for the reply, so its id still names it here.
+                process: Openers::opening(thread),
+            };
             match fs.create_with(parent.0, &name, flags).await {
                 // A new file is written through the daemon.
                 Ok((a, o)) => {

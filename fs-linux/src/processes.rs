@@ -6,13 +6,36 @@
 //! taken for the writer's own close. A thread's process is the `Tgid` in
 //! `/proc/<thread>/status`. Only write handles are tracked, so reads and read-only closes
 //! cost nothing; a write handle's close costs a lookup only when another thread closes it.
+//! Lookups run in the request's task, never on the FUSE session thread.
+//!
+//! Where a process cannot be told, `None` says so and the core saves at every close, as it
+//! did before processes were told apart: a request from outside the mount's pid namespace
+//! (the kernel gives 0), a thread `/proc` does not show (`hidepid`), or a `/proc` of another
+//! pid namespace than the daemon's (its numbers would name other processes).
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
-/// The process of thread `thread`, or `None` if it cannot be told (the thread is gone, or the
-/// kernel gave no id: a request from outside the mount's pid namespace carries 0).
+/// Whether `/proc` numbers processes as the kernel numbers them for this daemon: its own
+/// entry is its own pid.
+fn proc_is_ours() -> bool {
+    static OURS: OnceLock<bool> = OnceLock::new();
+    *OURS.get_or_init(|| {
+        let ours = std::fs::read_link("/proc/self")
+            .ok()
+            .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()))
+            == Some(std::process::id());
+        if !ours {
+            tracing::info!("/proc is not this daemon's pid namespace: every close of a file saves it, a child's too");
+        }
+        ours
+    })
+}
+
+/// The process of thread `thread`, or `None` if it cannot be told (see the module
+/// documentation).
 pub fn process_of(thread: u32) -> Option<u32> {
-    if thread == 0 {
+    if thread == 0 || !proc_is_ours() {
         return None;
     }
     let status = std::fs::read_to_string(format!("/proc/{thread}/status")).ok()?;

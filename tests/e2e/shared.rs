@@ -169,7 +169,6 @@ fn names_in(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(v)
 }
 
-/// Pseudo-random bytes, fast even in a debug build (xorshift), different per `seed`.
 /// Starts `true` and waits for it. The child gets a copy of every descriptor of this process
 /// (closed at its exec: the kernel sends the mount a flush for each file open here).
 fn spawn_true() -> std::io::Result<()> {
@@ -180,6 +179,7 @@ fn spawn_true() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Pseudo-random bytes, fast even in a debug build (xorshift), different per `seed`.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut v = Vec::with_capacity(len + 8);

@@ -667,11 +667,26 @@ fn a_childs_close_of_an_inherited_descriptor_does_not_upload_half_a_file() -> Re
         );
     }
     f.write_all(&data[MIB..])?;
+    // The writer's own close saves the file: checked with a second descriptor still open, so
+    // that it is the close, not the release of the last descriptor, that saved it.
+    let still_open = f.try_clone()?;
     bucketdrive_tests::close_checked(f)?;
     wait_for_object(&emu, "children", "built", &sha256(&data), 60)?;
+    drop(still_open);
+
+    // Another thread of the writer closes: still the writer's close (threads are one process).
+    let mut f = std::fs::File::create(m.path().join("threaded"))?;
+    f.write_all(&data[..MIB])?;
+    let still_open = f.try_clone()?;
+    std::thread::spawn(move || bucketdrive_tests::close_checked(f))
+        .join()
+        .map_err(|_| anyhow::anyhow!("the closing thread panicked"))??;
+    wait_for_object(&emu, "children", "threaded", &sha256(&data[..MIB]), 60)?;
+    drop(still_open);
 
     // The shell opens fd 3, writes, starts a child holding fd 3 and closes its own copy; the
-    // child writes after it and exits. Both lines reach the bucket.
+    // child writes after it and exits (its close saves: the opener's close came first). Both
+    // lines reach the bucket.
     let script = format!(
         "exec 3>'{}'; echo opener >&3; (sleep 0.3; echo child >&3) & exec 3>&-; wait",
         m.path().join("log").display()

@@ -32,6 +32,7 @@ impl<S: ObjectStore> Filesystem<S> {
             io,
             through,
             opener,
+            opener_closed: std::sync::atomic::AtomicBool::new(false),
         };
         self.files.lock().insert(fh, Arc::new(file));
         fh
@@ -363,35 +364,44 @@ impl<S: ObjectStore> Filesystem<S> {
         self.flush_by(fh, None).await
     }
 
-    /// A `close()` of one descriptor by `process` (`None`: not known). Only a close by the
-    /// process that opened the file saves it. The kernel also reports the close of every copy
-    /// of the descriptor: a child started while the file is being written closes its copy at
-    /// `exec` or exit. That close says nothing about the file being finished, and saving there
-    /// would upload it half written (and keep that version even when the writer's later
-    /// writes fail, I10). The file is saved at the opener's own close, or at the release of
-    /// its last descriptor when the opener closed its copy first.
+    /// A `close()` of one descriptor by `process` (`None`: not known). The kernel reports the
+    /// close of every copy of a descriptor: a child started while the file is being written
+    /// closes its copy at `exec` or exit. Such a close, before the opener's own, says nothing
+    /// about the file being finished, and saving there would upload it half written (and
+    /// leave that version to be uploaded even when the writer's later writes fail, I10): it
+    /// saves nothing. Every other close saves as always: the opener's; any close once the
+    /// opener closed its copy (the child it handed the file to is the writer now, and its
+    /// close is the one that reports errors and waits with upload-on-close); and any close of
+    /// a file whose write or last save failed (it reports that, or saves the file if it can
+    /// now, as a later close does).
     pub async fn flush_by(&self, fh: u64, process: Option<u32>) -> FsResult<()> {
         let file = self.handle(fh)?;
-        match &file.io {
-            FileIo::Staged {
-                item,
-                writable: true,
-            } => {
-                if let (Some(opener), Some(closer)) = (file.opener, process) {
-                    if opener != closer {
-                        tracing::debug!(
-                            fh,
-                            opener,
-                            closer,
-                            "a close by another process than the opener: not a save"
-                        );
-                        return Ok(());
-                    }
-                }
-                self.writer()?.close(item).await
+        let FileIo::Staged {
+            item,
+            writable: true,
+        } = &file.io
+        else {
+            return Ok(());
+        };
+        let w = self.writer()?;
+        match (file.opener, process) {
+            (Some(opener), Some(closer)) if opener == closer => {
+                file.opener_closed.store(true, Ordering::SeqCst);
             }
-            _ => Ok(()),
+            (Some(opener), Some(closer))
+                if !file.opener_closed.load(Ordering::SeqCst) && !w.save_failed(item).await =>
+            {
+                tracing::debug!(
+                    fh,
+                    opener,
+                    closer,
+                    "a close by another process before the opener's: not a save"
+                );
+                return Ok(());
+            }
+            _ => {}
         }
+        w.close(item).await
     }
 
     /// Returns once the file's data is in the bucket.

@@ -409,10 +409,10 @@ async fn a_childs_close_of_its_copy_saves_nothing() {
         "the object is the whole old version"
     );
 
-    // A close by the process that opened the file saves it, whichever of its threads closes
-    // (the adapter names processes, not threads). A child that goes on writing after the
-    // opener closed its copy: the release of the last descriptor saves what the child wrote.
-    let (a, h) = fs
+    // The opener closes its copy first (Python's `Popen(stdout=open(...))`, a shell handing
+    // the file to a background job): the child is the writer now, and its close saves, at
+    // the close, not only at the last release.
+    let (_, h) = fs
         .create_with(
             ROOT_INO,
             "log",
@@ -429,9 +429,57 @@ async fn a_childs_close_of_its_copy_saves_nothing() {
     assert_eq!(store.object_bytes("log").unwrap(), &b"opener "[..]);
     fs.write(h.fh, 7, b"and child").await.unwrap();
     assert_eq!(fs.flush_by(h.fh, child).await, Ok(()));
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(
+        store.object_bytes("log").unwrap(),
+        &b"opener and child"[..],
+        "saved at the child's close, the handle still open"
+    );
+    fs.release(h.fh).await;
+
+    // The opener's close failed (the bytes it never touched were out of reach): a later close
+    // by anyone tries again, and saves it once the bucket is back.
+    store.insert("edit", b"0123456789".to_vec());
+    let ino = fs.lookup(ROOT_INO, "edit").await.unwrap().ino;
+    let h = fs
+        .open(
+            ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+                process: writer,
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 0, b"ab").await.unwrap();
+    store.set_offline(true);
+    assert!(fs.flush_by(h.fh, writer).await.is_err(), "out of reach");
+    store.set_offline(false);
+    fs.write(h.fh, 2, b"cd").await.unwrap();
+    assert_eq!(fs.flush_by(h.fh, child).await, Ok(()));
     fs.release(h.fh).await;
     assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(store.object_bytes("log").unwrap(), &b"opener and child"[..]);
+    assert_eq!(store.object_bytes("edit").unwrap(), &b"abcd456789"[..]);
+
+    // A close by a process that cannot be told (the kernel gave no id) saves, as every close
+    // did before processes were told apart.
+    let (a, h) = fs
+        .create_with(
+            ROOT_INO,
+            "unknown",
+            CreateFlags {
+                process: writer,
+                ..CreateFlags::default()
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 0, b"x").await.unwrap();
+    assert_eq!(fs.flush_by(h.fh, None).await, Ok(()));
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.object_bytes("unknown").unwrap(), &b"x"[..]);
+    fs.release(h.fh).await;
     assert!(fs.getattr(a.ino).await.is_ok());
 }
 

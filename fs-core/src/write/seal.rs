@@ -186,6 +186,13 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
+    /// Whether the file's last change or save failed: a write held it, or its last close
+    /// could not commit it.
+    pub async fn save_failed(&self, item: &ItemRef) -> bool {
+        let it = item.0.item.lock().await;
+        it.held.is_some() || it.close_failed
+    }
+
     /// Close of one handle: commit, then either wait for the upload (`upload_on_close`) or let
     /// it run in the background. A commit that fails keeps the changes staged (not saved).
     pub async fn close(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
