@@ -249,7 +249,9 @@ fn a_crash_loses_nothing_that_was_closed() -> Result<()> {
 #[test]
 fn status_wait_returns_when_everything_is_in_the_bucket() -> Result<()> {
     let emu = setup("status")?;
-    let m = Mount::new(&emu, "status", &["--write-back-delay", "2s"])?;
+    // Long enough that all 20 files are still pending when `status` looks, however slowly
+    // a crowded machine writes them.
+    let m = Mount::new(&emu, "status", &["--write-back-delay", "10s"])?;
     let mut want = Vec::new();
     for i in 0..20 {
         let data = random_bytes(10_000 + i * 1000, 900 + i as u64);
