@@ -455,6 +455,13 @@ impl<S: ObjectStore> Filesystem<S> {
     }
 
     /// Number of open file handles.
+    /// What a power cut now may lose on the cache disk (for the simulation's model of one);
+    /// `None` for a read-only mount.
+    #[doc(hidden)]
+    pub fn power_cut_exposure(&self) -> Option<crate::write::commit::Exposure> {
+        self.write.as_ref().map(|w| w.exposure())
+    }
+
     pub fn open_files(&self) -> usize {
         self.files.lock().len()
     }
@@ -462,6 +469,8 @@ impl<S: ObjectStore> Filesystem<S> {
 
 mod attrs;
 mod changes;
+#[cfg(test)]
+mod commit_tests;
 #[cfg(test)]
 mod exclusive;
 mod handles;

@@ -43,7 +43,7 @@ mod scenarios;
 #[path = "sim/shared.rs"]
 mod shared;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -163,6 +163,8 @@ fn write_config(cache_dir: PathBuf, p: &Params) -> WriteConfig {
     w.retry_initial = Duration::from_millis(10);
     w.retry_max = Duration::from_millis(200);
     w.files_concurrency = p.files_concurrency;
+    w.commit_interval = p.commit_interval;
+    w.sync_on_close = p.sync_on_close;
     w.upload = UploadConfig {
         single_shot_threshold: 64 * 1024,
         part_size: 16 * 1024,
@@ -230,6 +232,9 @@ struct Params {
     files_concurrency: usize,
     faults: FaultConfig,
     offline_episodes: bool,
+    /// `--commit-interval`, and `--sync-on-close`.
+    commit_interval: Duration,
+    sync_on_close: bool,
 }
 
 impl Params {
@@ -262,6 +267,8 @@ impl Params {
             files_concurrency: [1, 2, 32][rng.gen_range(0..3)],
             faults,
             offline_episodes: rng.gen_bool(0.25),
+            commit_interval: Duration::from_millis([20u64, 200, 1000][rng.gen_range(0..3)]),
+            sync_on_close: rng.gen_bool(0.1),
         }
     }
 }
@@ -333,6 +340,7 @@ enum Step {
     Read,
     ReadGone,
     Crash,
+    PowerCut,
     ToggleFaults,
     ToggleOffline,
     Sleep,
@@ -599,6 +607,7 @@ impl Sim {
             (6, Step::Read),
             (1, Step::ReadGone),
             (3, Step::Crash),
+            (2, Step::PowerCut),
             (2, Step::ToggleFaults),
             (w(self.params.offline_episodes, 2), Step::ToggleOffline),
             (6, Step::Sleep),
@@ -636,6 +645,10 @@ impl Sim {
             Step::ReadGone => self.op_read_gone()?,
             Step::Crash => {
                 self.op_crash()?;
+                true
+            }
+            Step::PowerCut => {
+                self.op_power_cut()?;
                 true
             }
             Step::ToggleFaults => {
@@ -742,6 +755,7 @@ impl Sim {
         self.run(self.fs().release(fh))?;
         if r.is_ok() {
             self.model.ack(file);
+            self.stamp(file);
         } else {
             // The close failed (the bytes it still needed from the bucket were out of reach):
             // the changes are kept and saved once the bucket is back, as the core promises.
@@ -914,6 +928,7 @@ impl Sim {
         match r {
             Ok(()) => {
                 self.model.ack(h.file);
+                self.model.durable(h.file);
                 self.check_bucket()?;
                 if let Some(path) = f.path {
                     let got = self.store.object_bytes(&path);
@@ -983,6 +998,7 @@ impl Sim {
             Ok(_) => {
                 self.model.truncate(id, len);
                 self.model.ack(id);
+                self.stamp(id);
             }
             Err(e) => {
                 let before = self.model.file(id).current.clone();
@@ -1322,25 +1338,180 @@ impl Sim {
         self.model.gc(&BTreeSet::new());
         self.incarnation += 1;
         self.mount()?;
-        self.quiet(|s| s.verify_after_restart(at_crash))
+        self.quiet(|s| s.verify_after_restart(at_crash, None))
+    }
+
+    /// A close (or truncate) was acknowledged now: with `--sync-on-close` it is durable at
+    /// once, else one commit interval later.
+    fn stamp(&mut self, id: FileId) {
+        if self.params.sync_on_close {
+            self.model.durable(id);
+        } else {
+            let now = self.now_ms();
+            self.model.stamp(id, now);
+        }
+    }
+
+    /// A power cut: as a crash, but the cache disk also loses what was not yet durable, in
+    /// any measure the commit's promises allow (see `fs_core::write::commit`): any of the
+    /// journal's lines past its last sync (a suffix, or any subset: pages reach the disk in
+    /// any order), and any of the bytes of files closed since the last commit (cut short, or
+    /// overwritten with garbage, from the offset the exposure gives).
+    fn op_power_cut(&mut self) -> Check {
+        let ms = self.rng.gen_range(0..300);
+        self.run(async { tokio::time::sleep(Duration::from_millis(ms)).await })?;
+        let now = self.now_ms();
+        let cutoff = now.checked_sub(self.params.commit_interval.as_millis() + 50);
+        let exposure = self.fs().power_cut_exposure().expect("a writable mount");
+        let at_crash: Vec<(String, FileId, Vec<u8>)> = self
+            .model
+            .names
+            .iter()
+            .map(|(p, id)| (p.clone(), *id, self.model.file(*id).current.clone()))
+            .collect();
+        self.rt = None;
+        self.fs = None;
+        self.handles.clear();
+        self.model.gc(&BTreeSet::new());
+        let lost = self.lose_unsynced(&exposure);
+        self.note(format!(
+            "POWER CUT after {ms}ms more (commits cover closes up to {cutoff:?}ms of {now}ms): {lost}"
+        ));
+        self.incarnation += 1;
+        self.mount()?;
+        self.quiet(|s| s.verify_after_restart(at_crash, Some(cutoff)))
+    }
+
+    /// Damages the cache directory as a power cut may; says what it did.
+    fn lose_unsynced(&mut self, exposure: &fs_core::write::commit::Exposure) -> String {
+        let mut said = Vec::new();
+        let (log, synced) = &exposure.journal;
+        if let Ok(bytes) = std::fs::read(log) {
+            let synced = (*synced as usize).min(bytes.len());
+            let tail: Vec<&[u8]> = bytes[synced..].split_inclusive(|b| *b == b'\n').collect();
+            let keep: Vec<bool> = match self.rng.gen_range(0..3) {
+                0 => vec![true; tail.len()],
+                1 => {
+                    let k = self.rng.gen_range(0..=tail.len());
+                    (0..tail.len()).map(|i| i < k).collect()
+                }
+                _ => (0..tail.len()).map(|_| self.rng.gen_bool(0.5)).collect(),
+            };
+            let mut out = bytes[..synced].to_vec();
+            for (line, k) in tail.iter().zip(&keep) {
+                if *k {
+                    out.extend_from_slice(line);
+                }
+            }
+            let dropped = keep.iter().filter(|k| !**k).count();
+            said.push(format!(
+                "{dropped} of {} unsynced journal lines",
+                tail.len()
+            ));
+            std::fs::write(log, out).expect("rewrite the journal");
+        }
+        let mut from: BTreeMap<PathBuf, u64> = BTreeMap::new();
+        for (path, f) in &exposure.files {
+            let e = from.entry(path.clone()).or_insert(*f);
+            *e = (*e).min(*f);
+        }
+        for (path, from) in from {
+            let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+                continue;
+            };
+            if from >= len {
+                continue;
+            }
+            let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+            match self.rng.gen_range(0..3) {
+                0 => {}
+                1 => {
+                    let to = self.rng.gen_range(from..=len);
+                    let f = std::fs::OpenOptions::new().write(true).open(&path);
+                    f.and_then(|f| f.set_len(to)).expect("cut a staging file");
+                    said.push(format!("{name:?} cut to {to}"));
+                }
+                _ => {
+                    let at = self.rng.gen_range(from..len);
+                    let n = self.rng.gen_range(1..=(len - at).min(4096));
+                    let junk: Vec<u8> = (0..n).map(|_| self.rng.gen()).collect();
+                    use std::io::{Seek, Write};
+                    let f = std::fs::OpenOptions::new().write(true).open(&path);
+                    f.and_then(|mut f| {
+                        f.seek(std::io::SeekFrom::Start(at))?;
+                        f.write_all(&junk)
+                    })
+                    .expect("damage a staging file");
+                    said.push(format!("{name:?} {n} bytes at {at} damaged"));
+                }
+            }
+        }
+        said.join(", ")
     }
 
     /// After a restart every file holds its acknowledged content (or a later state that
     /// contains it), and no removed name is back.
-    fn verify_after_restart(&mut self, at_crash: Vec<(String, FileId, Vec<u8>)>) -> Check {
+    ///
+    /// After a power cut (`cutoff`: everything closed by then was committed), the newest
+    /// state closed by the cutoff, or any later one, may be what comes back.
+    fn verify_after_restart(
+        &mut self,
+        at_crash: Vec<(String, FileId, Vec<u8>)>,
+        power_cut: Option<Option<u128>>,
+    ) -> Check {
         for (path, id, cur) in at_crash {
             let f = self.model.file(id).clone();
             let seen = self.observe(&path)?;
+            let legal = match (&seen, power_cut) {
+                (Obs::File(d), None) => f.legal_final(d) || *d == cur,
+                (Obs::Missing, None) => f.acked.is_none(),
+                (Obs::File(d), Some(cutoff)) => {
+                    *d == cur || f.legal_after_power_cut(cutoff).contains(&Some(&d[..]))
+                }
+                (Obs::Missing, Some(cutoff)) => {
+                    f.acked.is_none() || f.legal_after_power_cut(cutoff).contains(&None)
+                }
+                _ => false,
+            };
             match &seen {
-                Obs::File(d) if f.legal_final(d) || *d == cur => {
-                    if f.acked.as_ref() != Some(d) {
+                Obs::File(d) if legal => {
+                    if power_cut.is_some() && !f.maybe.contains(d) && *d != cur {
+                        // Later acknowledged states were lost, as the commit allows: this is
+                        // the acknowledged state now.
+                        self.model.set_current(id, d.clone());
+                        let m = self.model.files.get_mut(&id).expect("live");
+                        m.acked = Some(d.clone());
+                        m.maybe.clear();
+                    } else if let Some(cutoff) = power_cut {
+                        // Changes not saved (or a state a failed operation may have made
+                        // durable) came back; the bucket may end with any state the cut
+                        // allowed.
+                        let allowed: Vec<Vec<u8>> = f
+                            .legal_after_power_cut(cutoff)
+                            .into_iter()
+                            .flatten()
+                            .map(|s| s.to_vec())
+                            .collect();
+                        self.model.set_current(id, d.clone());
+                        self.model.maybe(id);
+                        let m = self.model.files.get_mut(&id).expect("live");
+                        for s in allowed {
+                            if !m.maybe.contains(&s) {
+                                m.maybe.push(s);
+                            }
+                        }
+                    } else if f.acked.as_ref() != Some(d) {
                         self.model.set_current(id, d.clone());
                         self.model.maybe(id);
                     } else {
                         self.model.set_current(id, d.clone());
                     }
+                    // Replayed (its bytes synced) or in the bucket: durable now.
+                    let m = self.model.files.get_mut(&id).expect("live");
+                    m.floor = Some(d.clone());
+                    m.recent.clear();
                 }
-                Obs::Missing if f.acked.is_none() => {
+                Obs::Missing if legal => {
                     self.model.unlink(&path);
                 }
                 Obs::Failed(e) => {
@@ -1362,8 +1533,10 @@ impl Sim {
                         "I1",
                         class,
                         format!(
-                            "after the restart {path} reads {seen}; acknowledged {}, {} at the crash{}",
+                            "after the restart {path} reads {seen}; acknowledged {} (durable {}, closed since {:?}), {} at the crash{}",
                             show_opt(f.acked.as_deref()),
+                            show_opt(f.floor.as_deref()),
+                            f.recent.iter().map(|(t, s)| (*t, show(s))).collect::<Vec<_>>(),
                             show(&cur),
                             if f.maybe.is_empty() {
                                 String::new()

@@ -17,7 +17,8 @@
 #      (the same file sent straight to the bucket with the GCS client, parts at the same
 #      concurrency); and with conv=fsync, whose fsync waits for the bucket;
 #   2. for each count in FILES, that many files of 10 KiB, cp -r into the mount: time until cp
-#      returns and until every object is in the bucket, against rclone, and against
+#      returns (against the same with --sync-on-close, where every close waits for its
+#      fdatasyncs) and until every object is in the bucket, against rclone, and against
 #      direct-upload --dir (the same objects put straight to the bucket, 32 at a time);
 #   3. fio 4 KiB random writes into a 256 MiB file, against the same job on the cache disk.
 # Every object written through bucketdrive is checked in the bucket (sha256 or count) before
@@ -222,6 +223,16 @@ for r in $(seq "$RUNS"); do
     bd_unmount
     delete_under small-bd
 
+    echo "run $r/$RUNS: $n small files: bucketdrive --sync-on-close" >&2
+    bd_mount --sync-on-close
+    s=$(now); cp -r "$small" "$MNT/small-bds"; c=$(now)
+    "$BD" status --wait "$MNT" >/dev/null
+    [ "$(count_under small-bds/)" = "$n" ] || { echo "bucketdrive --sync-on-close: small files missing" >&2; exit 1; }
+    check_sha "small-bds%2F$last" "$last_sha"
+    add "small_bds_cp_$n" "$(secs "$s" "$c")"
+    bd_unmount
+    delete_under small-bds
+
     if [ "$RCLONE" = 1 ]; then
       echo "run $r/$RUNS: $n small files: rclone" >&2
       rc_mount
@@ -265,7 +276,7 @@ row "$big: close to in the bucket" "$(med direct)" "direct-upload" "$(med bd_upl
 row "$big: start to in the bucket" "" "" "$(med bd_bucket)" "$(med rc_bucket)"
 row "$big conv=fsync: until close (fsync waits for the bucket)" "" "" "$(med bd_closef)" ""
 for n in $FILES; do
-  row "$n × 10 KiB, cp -r: until cp returns" "" "" "$(med small_bd_cp_$n)" "$(med small_rc_cp_$n)"
+  row "$n × 10 KiB, cp -r: until cp returns" "$(med small_bds_cp_$n)" "bucketdrive --sync-on-close" "$(med small_bd_cp_$n)" "$(med small_rc_cp_$n)"
   row "$n × 10 KiB, cp -r: until all in the bucket" "$(med small_direct_$n)" "32 parallel uploads" "$(med small_bd_bucket_$n)" "$(med small_rc_bucket_$n)"
 done
 row "fio 4 KiB random writes, 256 MiB file (IOPS)" "$(med fio_local)" "cache disk" "$(med fio_bd)" ""

@@ -120,6 +120,15 @@ pub struct CommonArgs {
     /// Make close wait for the upload and return its error.
     #[arg(long)]
     pub upload_on_close: bool,
+    /// At most this long after close() returns, a closed file is durable on the cache disk
+    /// against a power cut (before then, against a crash or kill of the daemon only, like a
+    /// local file system's commit; ext4's is 5s). fsync() is always durable at once.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub commit_interval: Duration,
+    /// Make every close() wait until the file is durable on the cache disk against a power
+    /// cut (an fdatasync of the file and the journal), instead of within --commit-interval.
+    #[arg(long)]
+    pub sync_on_close: bool,
     /// Files under this size are uploaded in one request.
     #[arg(long, value_parser = parse_size, default_value = "16MiB")]
     pub single_shot_threshold: u64,
@@ -277,6 +286,8 @@ impl CommonArgs {
         w.legacy_cache_dir = root.legacy;
         w.write_back_delay = self.write_back_delay;
         w.upload_on_close = self.upload_on_close;
+        w.commit_interval = self.commit_interval;
+        w.sync_on_close = self.sync_on_close;
         w.cache_size = self.cache_size;
         w.files_concurrency = self.upload_files_concurrency;
         w.retry_max = self.upload_retry_max;

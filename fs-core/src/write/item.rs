@@ -65,6 +65,8 @@ pub(super) struct Version {
     pub metadata: HashMap<String, String>,
     /// What earlier attempts left that a retry can reuse (checked before it is).
     pub progress: UploadState,
+    /// The commit generation that makes it durable ([`super::commit`]); 0: durable already.
+    pub commit_gen: u64,
 }
 
 /// Where an item is in its life.
@@ -119,6 +121,9 @@ pub(super) struct Item {
     /// never changed under it, so a crash finds the unsaved changes whole, not mixed with
     /// later writes nobody saved (I2, I10).
     pub unsaved_file: Option<u64>,
+    /// Staging files of versions superseded by one not yet committed: kept, record and file,
+    /// until the commit ([`super::commit`]), so an upload that ends meanwhile leaves them.
+    pub superseded_uncommitted: Vec<u64>,
 }
 
 /// How many possibly-landed versions an item remembers.
@@ -195,6 +200,7 @@ impl Item {
             mtime: self.mtime,
             metadata: self.metadata.clone(),
             progress: UploadState::Staged,
+            commit_gen: 0,
         });
         rec.state = UploadState::NotSaved {
             file: self.work_id,
@@ -218,7 +224,11 @@ impl Item {
     /// changes not saved.
     pub fn record_ids(&self) -> Vec<u64> {
         let pending = self.pending.as_ref().map(|p| p.id);
-        self.unsaved_record.into_iter().chain(pending).collect()
+        self.unsaved_record
+            .into_iter()
+            .chain(pending)
+            .chain(self.superseded_uncommitted.iter().copied())
+            .collect()
     }
 
     /// The journal record of version `v` of this file.
@@ -242,6 +252,8 @@ impl Item {
             mtime_nanos: since_epoch.subsec_nanos(),
             metadata: v.metadata.clone(),
             maybe_landed: self.maybe_landed.clone(),
+            seq: v.seq,
+            prefix: None,
             state: v.progress.clone(),
         }
     }

@@ -144,6 +144,16 @@ pub struct Record {
     /// write, not someone else's: no conflict copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub maybe_landed: Vec<(u32, u64)>,
+    /// The version's place among the file's versions: of two records of one name, the higher
+    /// is newer. The older one is kept until the newer one's commit ([`super::commit`]), and
+    /// a replay that finds the newer one's bytes damaged (a power cut before that commit)
+    /// falls back to it. Records of earlier versions have none (0).
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub seq: u64,
+    /// (size, CRC32C) of the version this one appended to in the same staging file: the
+    /// fallback when this version's bytes fail their check after a power cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<(u64, u32)>,
     #[serde(flatten)]
     pub state: UploadState,
 }
@@ -152,7 +162,12 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// One change to the journal.
+fn is_zero64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One change to the journal. (Short-lived, one per line: a boxed record would buy nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Change {
@@ -221,6 +236,8 @@ struct Log {
     dir_unsynced: bool,
     /// No compaction before the log has this many lines (after one failed).
     compact_at: usize,
+    /// Bytes of the log known durable (the last sync's, or a compaction's new log).
+    synced_len: u64,
 }
 
 impl Journal {
@@ -250,6 +267,7 @@ impl Journal {
                 poisoned: false,
                 dir_unsynced: false,
                 compact_at: 0,
+                synced_len: len,
             }),
             sync: tokio::sync::Mutex::new(0),
             corrupt,
@@ -321,6 +339,12 @@ impl Journal {
     pub async fn apply(&self, change: Change) -> io::Result<()> {
         let seq = self.append(change)?;
         self.sync_to(seq).await
+    }
+
+    /// Appends `change` without waiting for it to be durable: a later sync makes it so. A
+    /// power cut may lose it, or keep it without the bytes it names (see [`super::commit`]).
+    pub fn apply_unsynced(&self, change: Change) -> io::Result<()> {
+        self.append(change).map(|_| ())
     }
 
     /// Appends one line (not yet durable); returns its sequence number.
@@ -395,22 +419,30 @@ impl Journal {
             file: log.file.clone().ok_or_else(poisoned)?,
             dir: log.dir_unsynced.then(|| self.dir.clone()),
             upto: log.appended,
+            len: log.len,
         })
     }
 
     /// Notes that `point` was synced: a compaction's rename it covered is durable, unless yet
     /// another compaction renamed a newer log in meanwhile.
     fn synced(&self, point: &SyncPoint) {
-        if point.dir.is_some() {
-            let mut log = self.log.lock();
-            if log
-                .file
-                .as_ref()
-                .is_some_and(|f| Arc::ptr_eq(f, &point.file))
-            {
+        let mut log = self.log.lock();
+        if log
+            .file
+            .as_ref()
+            .is_some_and(|f| Arc::ptr_eq(f, &point.file))
+        {
+            if point.dir.is_some() {
                 log.dir_unsynced = false;
             }
+            log.synced_len = log.synced_len.max(point.len);
         }
+    }
+
+    /// The log's path and how many of its bytes are known durable: a power cut may lose any
+    /// of the lines after them (for the simulation's model of one).
+    pub fn durable_len(&self) -> (PathBuf, u64) {
+        (self.dir.at(LOG).path(), self.log.lock().synced_len)
     }
 
     /// Rewrites the log with only the live records, then appends go to the new log.
@@ -453,6 +485,7 @@ impl Journal {
         log.file = Some(Arc::new(file));
         log.dir_unsynced = true;
         log.len = len;
+        log.synced_len = len;
         log.lines = log.live.len();
         log.poisoned = false;
         self.dir.sync()?;
@@ -543,6 +576,8 @@ struct SyncPoint {
     file: Arc<File>,
     dir: Option<Arc<Dir>>,
     upto: u64,
+    /// The log's length when the sync started.
+    len: u64,
 }
 
 impl SyncPoint {
@@ -753,6 +788,8 @@ mod tests {
             mtime_nanos: 0,
             metadata: HashMap::new(),
             maybe_landed: Vec::new(),
+            seq: 0,
+            prefix: None,
             state,
         }
     }

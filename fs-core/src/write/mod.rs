@@ -1,19 +1,23 @@
 //! The write path: staging on the local disk, the durable journal, and uploads.
 //!
 //! `write()` lands in a sparse working copy on the cache disk, at local-disk speed. Before
-//! `close()` or `fsync()` is acknowledged the file's version is durable in the journal; the
-//! engine then moves it to the bucket under a generation precondition.
+//! `close()` is acknowledged the file's version is in the journal (in the kernel, so it
+//! survives a crash of the daemon), and a commit within `--commit-interval` makes it durable
+//! against a power cut ([`commit`]); `fsync()` is durable at once. The engine then moves it
+//! to the bucket under a generation precondition.
 //!
 //! # Invariants
 //!
 //! Each is checked by the deterministic simulation (`fs-core/tests/sim.rs`) and the end-to-end
 //! soak (`tests/e2e/faults.rs`), and stated for users in `docs/semantics.md`.
 //!
-//! - **I1, nothing acknowledged is lost.** Every version acknowledged by `close()` or `fsync()`
-//!   ends in the bucket, or as a conflict copy, or is superseded by a later acknowledged version
-//!   of the same file, or its name was deleted or renamed by the user; across any number of
-//!   crashes. (The journal record is durable before the acknowledgement; a version's bytes are
-//!   never edited in place while it is pending; replay re-creates every record.)
+//! - **I1, nothing acknowledged is lost.** Every version acknowledged by `fsync()`, or by
+//!   `close()` (across a power cut: more than one commit interval before it), ends in the
+//!   bucket, or as a conflict copy, or is superseded by a later acknowledged version of the
+//!   same file, or its name was deleted or renamed by the user; across any number of crashes.
+//!   (The journal record is written before the acknowledgement and durable by the commit; a
+//!   superseded version stays until the newer one's commit; a version's bytes are never edited
+//!   in place while it is pending; replay re-creates every record whose bytes check.)
 //! - **I2, never mixed.** The bucket never holds bytes no version had. Parts are checked
 //!   against the version's local bytes by CRC32C before any compose; a version that cannot be
 //!   verified starts over. After a crash mid-edit the object holds the last acknowledged
@@ -37,7 +41,8 @@
 //!   the generation this mount saw there as their precondition, never one a fresh look found:
 //!   another writer's object is left as it is, and ours goes beside it as a conflict copy
 //!   ([`name_changes`], `filesystem/changes.rs`).
-//! - **I9, every acknowledged version of every mount survives.** Nothing acknowledged is
+//! - **I9, every acknowledged version of every mount survives** (acknowledged as in I1).
+//!   Nothing acknowledged is
 //!   dropped on a conflict or a vanished base: it is uploaded beside, or kept staged and
 //!   reported as not saved.
 //! - **I10, a failed write never replaces a good object.** A failed write, truncate or commit
@@ -56,6 +61,7 @@
 //! - [`writeback`]: the engine the facade calls: its items by name, open, drain, status.
 //! - [`working_copy`]: a file's working copy: reads, writes, truncates, copy-on-write, space.
 //! - [`seal`]: commit (a working copy becomes an acknowledged version), close, fsync, release.
+//! - [`commit`]: when closed versions become durable against a power cut (`--commit-interval`).
 //! - [`name_changes`]: deletes and renames of files being written, and the pause that keeps
 //!   uploads out of their way (I3, I8).
 //! - [`scheduler`]: when an upload may start (write-back delay, backoff).
@@ -69,6 +75,7 @@
 //! - [`cache_dir`]: the locked cache directory, its tag and its owner; which one a mount uses.
 
 pub mod cache_dir;
+pub mod commit;
 pub mod item;
 pub mod journal;
 pub mod name_changes;

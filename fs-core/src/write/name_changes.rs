@@ -328,6 +328,20 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         if let Some(p) = it.pending.clone() {
+            // The record is rewritten below without the fallback a power cut before its
+            // commit would need, and versions it superseded, kept for that commit under the
+            // old name, must not come back there: its bytes are made durable now, and their
+            // records go in this line.
+            if !it.superseded_uncommitted.is_empty() || !self.commits.covers(p.commit_gen) {
+                let at = self.dir.staging(p.id);
+                crate::platform::blocking(move || {
+                    at.open(crate::platform::Open::new().read(true))?
+                        .sync_data()
+                })
+                .await?;
+                self.commits.synced(p.id);
+                changes.extend(it.superseded_uncommitted.iter().map(|&id| Change::Del(id)));
+            }
             changes.push(Change::Put(it.record(&p)));
         }
         if let Some(u) = it.unsaved_record {

@@ -65,9 +65,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 "journal records could not be read and were set aside"
             );
         }
-        // At most one record per name (the journal swaps records in one line; the newest wins
-        // should an older one ever remain).
-        let mut by_key: BTreeMap<String, Record> = BTreeMap::new();
+        // Records of one name, newest first: normally one, but a version superseded by one
+        // not yet committed keeps its record until that commit, so a power cut may leave both.
+        let mut by_key: BTreeMap<String, Vec<Record>> = BTreeMap::new();
         // Changes that were not saved: kept staged beside (or in) the file's pending version.
         let mut not_saved: BTreeMap<String, Record> = BTreeMap::new();
         for rec in records {
@@ -84,9 +84,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 self.forget_record(rec.id, true).await;
                 continue;
             }
-            if let Some(older) = by_key.insert(rec.key.clone(), rec) {
-                self.forget_record(older.id, true).await;
-            }
+            by_key.entry(rec.key.clone()).or_default().push(rec);
         }
         let mut kept = HashSet::new();
         // Staging files whose bytes past a version are changes kept as not saved.
@@ -97,30 +95,23 @@ impl<S: ObjectStore> WriteBack<S> {
                 _ => None,
             })
             .collect();
-        for rec in by_key.into_values() {
-            match self.verify(&rec, longer.contains(&rec.id)).await {
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::error!(key = %rec.key, id = rec.id, error = %e, "staged data of a saved file is missing or damaged; it is kept aside as .damaged and not uploaded");
-                    let _ = self
-                        .dir
-                        .staging(rec.id)
-                        .rename_to(&self.dir.staging_aside(rec.id, "damaged"));
-                    self.forget_record(rec.id, false).await;
-                    continue;
-                }
-            }
+        for mut recs in by_key.into_values() {
+            recs.sort_by_key(|r| std::cmp::Reverse((r.seq, r.id)));
+            let Some(rec) = self.newest_whole(recs, &longer).await else {
+                continue;
+            };
             kept.insert(rec.id);
             self.bump_next_id(rec.id);
             let mtime = rec_mtime(&rec);
             let version = Version {
-                seq: 1,
+                seq: rec.seq.max(1),
                 id: rec.id,
                 size: rec.size,
                 crc32c: rec.crc32c,
                 mtime,
                 metadata: rec.metadata.clone(),
                 progress: rec.state.clone(),
+                commit_gen: 0,
             };
             let mut item = Item {
                 key: rec.key.clone(),
@@ -134,7 +125,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 edits: 1,
                 committed: 1,
                 pending: Some(version),
-                next_seq: 2,
+                next_seq: rec.seq.max(1) + 1,
                 maybe_landed: rec.maybe_landed.clone(),
                 handles: 0,
                 life: Life::Live,
@@ -143,6 +134,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 close_failed: false,
                 unsaved_record: None,
                 unsaved_file: None,
+                superseded_uncommitted: Vec::new(),
             };
             item.sched.due_in(Duration::ZERO);
             let shared = Shared::new(item);
@@ -239,6 +231,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     close_failed: true,
                     unsaved_record: Some(rec.id),
                     unsaved_file: Some(file),
+                    superseded_uncommitted: Vec::new(),
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);
@@ -248,11 +241,63 @@ impl<S: ObjectStore> WriteBack<S> {
         true
     }
 
+    /// Of a name's records (newest first), the newest whose bytes check; the others go. One
+    /// that fails its check gives way to the version before it, in the same file (an append)
+    /// or in an older record: a power cut before its commit lost its bytes (see
+    /// [`super::commit`]). With no version before it, it is set aside as damaged.
+    async fn newest_whole(&self, recs: Vec<Record>, longer: &HashSet<u64>) -> Option<Record> {
+        let mut chosen = None;
+        let total = recs.len();
+        for (i, mut rec) in recs.into_iter().enumerate() {
+            if chosen.is_some() {
+                // Superseded by the chosen one, whose commit its removal was waiting for.
+                self.forget_record(rec.id, !longer.contains(&rec.id)).await;
+                continue;
+            }
+            let keep_tail = longer.contains(&rec.id);
+            let e = match self.verify(rec.size, rec.crc32c, &rec, keep_tail).await {
+                Ok(()) => {
+                    chosen = Some(rec);
+                    continue;
+                }
+                Err(e) => e,
+            };
+            if let Some((size, crc)) = rec.prefix {
+                if self.verify(size, crc, &rec, keep_tail).await.is_ok() {
+                    tracing::warn!(key = %rec.key, size = rec.size, "a version closed just before the mount stopped was not yet durable and was lost to the power cut; the version it appended to is kept");
+                    (rec.size, rec.crc32c, rec.prefix) = (size, crc, None);
+                    if let Err(e) = self.journal.put(&rec).await {
+                        tracing::warn!(key = %rec.key, error = %e, "could not update a journal record");
+                    }
+                    chosen = Some(rec);
+                    continue;
+                }
+            }
+            if i + 1 < total {
+                tracing::warn!(key = %rec.key, id = rec.id, error = %e, "a version closed just before the mount stopped was not yet durable and was lost to the power cut; the version before it is kept");
+                self.forget_record(rec.id, !longer.contains(&rec.id)).await;
+                continue;
+            }
+            tracing::error!(key = %rec.key, id = rec.id, error = %e, "staged data of a saved file is missing or damaged; it is kept aside as .damaged and not uploaded");
+            let _ = self
+                .dir
+                .staging(rec.id)
+                .rename_to(&self.dir.staging_aside(rec.id, "damaged"));
+            self.forget_record(rec.id, false).await;
+        }
+        chosen
+    }
+
     /// Checks that the record's staging file holds its version, and cuts off anything after
     /// it (changes never acknowledged).
-    async fn verify(&self, rec: &Record, keep_tail: bool) -> std::io::Result<()> {
+    async fn verify(
+        &self,
+        size: u64,
+        crc: u32,
+        rec: &Record,
+        keep_tail: bool,
+    ) -> std::io::Result<()> {
         let at = self.dir.staging(rec.id);
-        let (size, crc) = (rec.size, rec.crc32c);
         crate::platform::blocking(move || {
             let file = at.open(crate::platform::Open::new().read(true).write(true))?;
             let len = file.metadata()?.len();
@@ -267,6 +312,11 @@ impl<S: ObjectStore> WriteBack<S> {
             if len > size && !keep_tail {
                 file.set_len(size)?;
                 file.sync_all()?;
+            } else {
+                // The version may not have reached its commit before the mount stopped (a
+                // crash or kill keeps its pages in the kernel): durable before anything
+                // newer is built on it, the superseded records now being gone.
+                file.sync_data()?;
             }
             Ok(())
         })

@@ -53,8 +53,12 @@ impl<S: ObjectStore> WriteBack<S> {
         shared: &Arc<Shared>,
         it: &mut Item,
     ) -> FsResult<()> {
+        // Sealed without a sync, for the commit to make durable ([`super::commit`]); but a
+        // seal that also saves changes kept as not saved syncs at once, as its line must drop
+        // their record in the same breath.
+        let lazy = it.unsaved_record.is_none();
         // A failed fsync may have lost written pages: like a failed write.
-        let sealed = it.work.seal().await.map_err(FsError::from);
+        let sealed = it.work.seal(!lazy).await.map_err(FsError::from);
         let crc = match sealed {
             Ok(crc) => crc,
             Err(e) => {
@@ -62,9 +66,14 @@ impl<S: ObjectStore> WriteBack<S> {
                 return Err(e);
             }
         };
+        let mut new_name = false;
         if !it.work_named {
-            let dir = self.dir.staging_dir().clone();
-            crate::platform::blocking(move || dir.sync()).await?;
+            if lazy {
+                new_name = true;
+            } else {
+                let dir = self.dir.staging_dir().clone();
+                crate::platform::blocking(move || dir.sync()).await?;
+            }
             it.work_named = true;
         }
         let old = it.pending.take();
@@ -88,7 +97,7 @@ impl<S: ObjectStore> WriteBack<S> {
             },
             _ => UploadState::Staged,
         };
-        let v = Version {
+        let mut v = Version {
             seq: it.next_seq,
             id: it.work_id,
             size: it.work.size(),
@@ -96,10 +105,20 @@ impl<S: ObjectStore> WriteBack<S> {
             mtime: it.mtime,
             metadata: it.metadata.clone(),
             progress,
+            commit_gen: 0,
         };
-        let mut changes = vec![Change::Put(it.record(&v))];
-        if let Some(o) = old.as_ref().filter(|o| o.id != v.id) {
-            changes.push(Change::Del(o.id));
+        let mut rec = it.record(&v);
+        // Appended to in place: the older version is the first bytes of the same file.
+        let appended = old.as_ref().filter(|o| o.id == v.id);
+        if lazy {
+            rec.prefix = appended.map(|o| (o.size, o.crc32c));
+        }
+        let superseded = old.as_ref().filter(|o| o.id != v.id);
+        let mut changes = vec![Change::Put(rec)];
+        if !lazy {
+            if let Some(o) = superseded {
+                changes.push(Change::Del(o.id));
+            }
         }
         // Changes kept as not saved are saved now: their record goes in the same line.
         if let Some(u) = it.unsaved_record {
@@ -109,9 +128,23 @@ impl<S: ObjectStore> WriteBack<S> {
             1 => changes.remove(0),
             _ => Change::Batch(changes),
         };
-        if let Err(e) = self.journal.apply(change).await {
+        let journaled = if lazy {
+            self.journal.apply_unsynced(change)
+        } else {
+            self.journal.apply(change).await
+        };
+        if let Err(e) = journaled {
             it.pending = old;
             return Err(e.into());
+        }
+        if lazy {
+            let from = appended.map_or(0, |o| o.size);
+            let kept = superseded.map(|o| (shared.clone(), o.clone()));
+            if let Some(o) = superseded {
+                it.superseded_uncommitted.push(o.id);
+            }
+            v.commit_gen = self.commits.add(v.id, from, new_name, kept);
+            self.ensure_commit_task();
         }
         it.unsaved_record = None;
         if old.as_ref().is_some_and(|o| Some(o.id) == it.unsaved_file) {
@@ -124,9 +157,10 @@ impl<S: ObjectStore> WriteBack<S> {
         self.drop_unsaved_file(it);
         it.committed = it.edits;
         if let Some(o) = old.filter(|o| o.id != it.work_id) {
-            // Superseded before it reached the bucket. An attempt in flight still reads it and
-            // cleans up after itself when it ends.
-            if !it.sched.uploading {
+            // Superseded before it reached the bucket. Kept until the new version's commit
+            // when that is still to come; an attempt in flight still reads it and cleans up
+            // after itself when it ends.
+            if !lazy && !it.sched.uploading {
                 self.discard(&o);
             }
         }
@@ -203,6 +237,9 @@ impl<S: ObjectStore> WriteBack<S> {
             return Err(e);
         }
         item.0.item.lock().await.close_failed = false;
+        if self.cfg.sync_on_close {
+            self.commit_now().await?;
+        }
         if self.cfg.upload_on_close {
             self.flush_to_bucket(item).await
         } else {

@@ -271,16 +271,22 @@ impl StagingFile {
         self.crcs.whole(self.size)
     }
 
-    /// Makes the data durable and returns the CRC32C of the whole file, which must be complete.
-    /// The fsync and any pass over the bytes run on the blocking pool.
-    pub async fn seal(&mut self) -> io::Result<u32> {
+    /// Returns the CRC32C of the whole file, which must be complete, after making the data
+    /// durable when `sync` (else a commit does, later: see [`super::commit`]). The fsync and
+    /// any pass over the bytes run on the blocking pool.
+    pub async fn seal(&mut self, sync: bool) -> io::Result<u32> {
         if !self.is_complete() {
             return Err(io::Error::other("staging file is not complete"));
         }
-        let file = self.clone_file()?;
         let (size, known) = (self.size, self.known_crc32c());
+        if let (false, Some(crc)) = (sync, known) {
+            return Ok(crc);
+        }
+        let file = self.clone_file()?;
         let crc = platform::blocking(move || {
-            file.sync_all()?;
+            if sync {
+                file.sync_all()?;
+            }
             match known {
                 Some(crc) => Ok(crc),
                 None => crc32c_of_file(&file, size),

@@ -148,9 +148,12 @@ impl<S: ObjectStore> WriteBack<S> {
             job,
             file,
         } = p;
+        // Only a durable version is uploaded ([`super::commit`]): a power cut must not bring
+        // back an older record of a file whose newer version is already in the bucket.
+        let durable = self.committed(v.commit_gen).await;
         {
-            // Anything may have changed while the slot was awaited: a rename, a pause, a newer
-            // version. Then the loop decides again.
+            // Anything may have changed while the slot (or the commit) was awaited: a rename,
+            // a pause, a newer version. Then the loop decides again.
             let mut it = shared.item.lock().await;
             let still = it.life == Life::Live
                 && it.key == job.key
@@ -162,9 +165,17 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             it.sched.uploading = true;
         }
-        let opened =
-            crate::platform::blocking(move || file.open(crate::platform::Open::new().read(true)))
-                .await;
+        let opened = match durable {
+            Ok(()) => {
+                crate::platform::blocking(move || {
+                    file.open(crate::platform::Open::new().read(true))
+                })
+                .await
+            }
+            Err(e) => Err(std::io::Error::other(format!(
+                "cannot make the staged data durable: {e}"
+            ))),
+        };
         let record = parking_lot::Mutex::new(None::<UploadState>);
         let result = match opened {
             Ok(file) => {
@@ -199,8 +210,11 @@ impl<S: ObjectStore> WriteBack<S> {
         let mut it = shared.item.lock().await;
         it.sched.uploading = false;
         let current = it.pending.as_ref().is_some_and(|p| p.seq == v.seq);
+        // A version superseded by one not yet committed is let go by the commit instead.
         let superseded = |it: &super::item::Item| {
-            it.work_id != v.id && it.pending.as_ref().is_none_or(|p| p.id != v.id)
+            it.work_id != v.id
+                && it.pending.as_ref().is_none_or(|p| p.id != v.id)
+                && !it.superseded_uncommitted.contains(&v.id)
         };
         match result {
             Ok(Outcome::Uploaded(meta)) | Ok(Outcome::Conflict(meta)) => {

@@ -146,7 +146,8 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Before the working copy's bytes change: see [`Item::forgotten_unsynced`].
     pub(super) async fn settle_forgotten(&self, it: &mut Item) -> FsResult<()> {
         if it.forgotten_unsynced {
-            self.settle_journal().await?;
+            // The journal alone: a commit would take item locks, this one's among them.
+            self.journal.flush().await?;
             it.forgotten_unsynced = false;
         }
         Ok(())

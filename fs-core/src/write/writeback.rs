@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::cache_dir::CacheDir;
+use super::commit::Commits;
 use super::item::{Item, Life, Shared, Version};
 use super::journal::Journal;
 use super::ranges::RangeSet;
@@ -58,6 +59,11 @@ pub struct WriteConfig {
     pub retry_max: Duration,
     /// Bound on staged bytes (`--cache-size`); None: only the disk bounds it.
     pub cache_size: Option<u64>,
+    /// How long a closed version may wait for its commit (`--commit-interval`, see
+    /// [`super::commit`]).
+    pub commit_interval: Duration,
+    /// Every `close()` waits for the commit (`--sync-on-close`).
+    pub sync_on_close: bool,
 }
 
 impl WriteConfig {
@@ -72,6 +78,8 @@ impl WriteConfig {
             retry_initial: Duration::from_secs(1),
             retry_max: Duration::from_secs(60),
             cache_size: None,
+            commit_interval: Duration::from_secs(1),
+            sync_on_close: false,
         }
     }
 }
@@ -108,6 +116,8 @@ pub struct WriteBack<S: ObjectStore> {
     /// Names (and directory prefixes) a namespace change is working on: no upload under them
     /// starts, whichever item holds them, including one made after the pause began.
     pub(super) paused_keys: parking_lot::Mutex<Vec<(String, bool)>>,
+    /// Closed versions not yet durable against a power cut ([`super::commit`]).
+    pub(super) commits: Arc<Commits>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -119,6 +129,7 @@ impl<S: ObjectStore> WriteBack<S> {
         on_settled: SettleHook,
     ) -> Result<Arc<Self>, String> {
         let dir = CacheDir::open_at(&cfg.cache_dir, cfg.legacy_cache_dir)?;
+        let cfg_commit_interval = cfg.commit_interval;
         let journal = Journal::open_in(dir.journal_dir().clone())
             .map_err(|e| format!("cannot open the journal: {e}"))?;
         let staged = dir
@@ -160,6 +171,7 @@ impl<S: ObjectStore> WriteBack<S> {
             settled: Arc::new(tokio::sync::Notify::new()),
             cleanups: Arc::new(AtomicU64::new(0)),
             paused_keys: parking_lot::Mutex::new(Vec::new()),
+            commits: Commits::new(cfg_commit_interval),
         }))
     }
 
@@ -278,6 +290,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 close_failed: false,
                 unsaved_record: None,
                 unsaved_file: None,
+                superseded_uncommitted: Vec::new(),
             };
             let shared = Shared::new(item);
             {
@@ -371,8 +384,12 @@ impl<S: ObjectStore> WriteBack<S> {
     /// touches the bucket: a record forgotten without a sync
     /// ([`Journal::forget`](super::journal::Journal::forget)) must not come back after a power
     /// loss and upload the file again under a name just deleted or renamed away.
+    ///
+    /// It commits (see [`super::commit`]): a name changed in the journal must not come back
+    /// after a power cut pointing at a version whose bytes were lost, with the version it
+    /// replaced still under the old name.
     pub async fn settle_journal(&self) -> FsResult<()> {
-        Ok(self.journal.flush().await?)
+        Ok(self.commit_now().await?)
     }
 
     /// Makes a forgotten record durable within a second, so its window stays short even when
@@ -510,11 +527,18 @@ impl<S: ObjectStore> WriteBack<S> {
             if (pending == 0 && !cleaning)
                 || (give_up_on_failure && failed == pending && pending > 0)
             {
-                // Records forgotten without a sync: durable before the mount goes.
-                if let Err(e) = self.journal.flush().await {
+                // Records forgotten without a sync, and closes not yet committed: durable
+                // before the mount goes.
+                if let Err(e) = self.commit_now().await {
                     tracing::warn!(error = %e, "could not sync the journal; finished uploads may be retried at the next mount");
                 }
-                return pending;
+                // The commit let go of superseded versions: their parts' cleanup is waited
+                // for like any other.
+                let cleaning = self.cleanups.load(Ordering::SeqCst) > 0
+                    && !(give_up_on_failure && started.elapsed() > CLEANUP_PATIENCE);
+                if !cleaning {
+                    return pending;
+                }
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), settled).await;
         }

@@ -37,6 +37,12 @@ pub struct MFile {
     pub maybe: Vec<Vec<u8>>,
     /// Its name; None once unlinked or replaced while a handle was still open on it.
     pub path: Option<String>,
+    /// The last state known durable against a power cut (fsync'd, or found after a restart).
+    pub floor: Option<Vec<u8>>,
+    /// States acknowledged since `floor`, oldest first, with the time of the close (ms of the
+    /// incarnation; `u128::MAX` until stamped): a power cut may lose those closed less than a
+    /// commit interval before it.
+    pub recent: Vec<(u128, Vec<u8>)>,
 }
 
 impl MFile {
@@ -44,6 +50,21 @@ impl MFile {
     /// settled, or after a crash (besides the state it had at the crash).
     pub fn legal_final(&self, data: &[u8]) -> bool {
         self.acked.as_deref() == Some(data) || self.maybe.iter().any(|m| m == data)
+    }
+
+    /// The states a power cut at a time when everything closed up to `cutoff` (if any) is
+    /// durable may leave: the newest of those, or any later acknowledged one (or one maybe committed).
+    /// `None` in the list stands for no file at all.
+    pub fn legal_after_power_cut(&self, cutoff: Option<u128>) -> Vec<Option<&[u8]>> {
+        let from = cutoff.and_then(|c| self.recent.iter().rposition(|(t, _)| *t <= c));
+        let mut legal: Vec<Option<&[u8]>> = match from {
+            Some(k) => self.recent[k..].iter().map(|(_, s)| Some(&s[..])).collect(),
+            None => std::iter::once(self.floor.as_deref())
+                .chain(self.recent.iter().map(|(_, s)| Some(&s[..])))
+                .collect(),
+        };
+        legal.extend(self.maybe.iter().map(|m| Some(&m[..])));
+        legal
     }
 }
 
@@ -94,6 +115,8 @@ impl Model {
             id,
             MFile {
                 acked: acked.then(|| content.clone()),
+                floor: acked.then(|| content.clone()),
+                recent: Vec::new(),
                 current: content,
                 maybe: Vec::new(),
                 path: Some(path.to_string()),
@@ -143,7 +166,23 @@ impl Model {
         }
         f.acked = Some(f.current.clone());
         f.maybe.clear();
+        f.recent.push((u128::MAX, f.current.clone()));
         self.changed(id);
+    }
+
+    /// The last acknowledgement was a close (or a truncate) at `t`: durable against a power
+    /// cut one commit interval later.
+    pub fn stamp(&mut self, id: FileId, t: u128) {
+        if let Some(last) = self.files.get_mut(&id).unwrap().recent.last_mut() {
+            last.0 = t;
+        }
+    }
+
+    /// The file's acknowledged state is durable against a power cut (an fsync, a restart).
+    pub fn durable(&mut self, id: FileId) {
+        let f = self.files.get_mut(&id).unwrap();
+        f.floor = f.acked.clone();
+        f.recent.clear();
     }
 
     /// The current content may have been made durable, but the user was told it failed.
@@ -154,6 +193,9 @@ impl Model {
         }
         if f.acked.as_ref() != Some(&f.current) && !f.maybe.contains(&f.current) {
             f.maybe.push(f.current.clone());
+            // A power cut may also leave it (it may have been made durable), though it is
+            // never the state every later one must contain.
+            f.recent.push((u128::MAX, f.current.clone()));
         }
         self.changed(id);
     }

@@ -25,6 +25,8 @@ fn scenario_params(delay_ms: u64) -> Params {
         files_concurrency: 32,
         faults: FaultConfig::delays(0, Duration::ZERO),
         offline_episodes: false,
+        commit_interval: Duration::from_secs(1),
+        sync_on_close: false,
     }
 }
 

@@ -1,0 +1,271 @@
+//! The commit: what makes closed versions durable against a power cut, and when.
+//!
+//! A `close()` is acknowledged once the version's bytes and its journal line are written, in
+//! the kernel but not yet synced. That already survives a crash or a kill of the daemon: the
+//! kernel holds the pages and writes them back on its own. What it does not yet survive is a
+//! power cut or a kernel crash. The commit closes that gap, for every version closed since the
+//! last one at once: an `fdatasync` of each of their staging files (and of the staging
+//! directory when a new name was made), then one sync of the journal. It runs
+//! `--commit-interval` after the first close it covers (default 1 s; ext4's own commit is 5 s),
+//! and sooner whenever something needs it: an `fsync()`, the start of an upload, a namespace
+//! change, a drain at unmount. So a serial `cp -r` of small files pays no sync per file, and
+//! everything closed more than one interval ago is durable.
+//!
+//! Why per-file `fdatasync` rather than one `syncfs` of the cache disk: the disk read cache
+//! lives on the same file system and may hold gigabytes of dirty pages of its own, which a
+//! `syncfs` would wait for too; the staging files closed in one interval are few and already
+//! being written back (see [`super::staging`]).
+//!
+//! Three rules keep a power cut from losing more than the last interval's closes:
+//!
+//! - **Uploads wait for the commit.** A version is uploaded only once it is durable: a power
+//!   cut could otherwise bring back an older record after a newer version reached the bucket,
+//!   and the replay would upload the older one over it.
+//! - **A superseded version stays until the newer one commits.** Its record and staging file
+//!   are kept until then, so the replay can fall back to it (records of one name are ordered
+//!   by [`Record::seq`](super::journal::Record)). An append
+//!   to a version in the same staging file keeps the older size and CRC32C instead
+//!   ([`Record::prefix`](super::journal::Record)): its bytes are a prefix of the file that the
+//!   append never changes.
+//! - **The replay checks every version's bytes** against its CRC32C, as it always has: a
+//!   version whose line reached the disk before its bytes did (the kernel writes pages back
+//!   in any order) fails the check and gives way to the version it replaced.
+//!
+//! With `--sync-on-close` every `close()` waits for a commit, as every close did before.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::item::{Shared, Version};
+
+/// What the next commit must make durable.
+#[derive(Default, Clone)]
+pub(super) struct Uncommitted {
+    /// Staging files closed since the last commit, and the offset from which their bytes are
+    /// new (an append to a committed version leaves the bytes before it alone), each with
+    /// the generation it was added in.
+    pub files: Vec<(u64, u64, u64)>,
+    /// A staging file got a name whose directory entry is not yet durable.
+    pub dir: bool,
+    /// Versions superseded since the last commit: their records and files go after it.
+    pub superseded: Vec<(u64, Arc<Shared>, Version)>,
+    /// The last generation handed out: a version sealed with generation `g` is durable once
+    /// a commit covering `g` ends.
+    pub gen: u64,
+}
+
+/// The commit's bookkeeping, shared with its background task.
+pub(super) struct Commits {
+    pub interval: Duration,
+    pub pending: Mutex<Uncommitted>,
+    /// Serializes commits.
+    pub running: tokio::sync::Mutex<()>,
+    /// The generation the last successful commit covered.
+    pub done: AtomicU64,
+    /// Woken by the first close after a commit.
+    pub wake: tokio::sync::Notify,
+    pub task_started: AtomicBool,
+}
+
+impl Commits {
+    pub fn new(interval: Duration) -> Arc<Self> {
+        Arc::new(Commits {
+            interval,
+            pending: Mutex::new(Uncommitted::default()),
+            running: tokio::sync::Mutex::new(()),
+            done: AtomicU64::new(0),
+            wake: tokio::sync::Notify::new(),
+            task_started: AtomicBool::new(false),
+        })
+    }
+
+    /// Notes a version sealed without a sync: staging file `id`, new from byte `from`, and
+    /// what it superseded. Returns the generation a commit must cover for it to be durable.
+    pub fn add(
+        &self,
+        id: u64,
+        from: u64,
+        new_name: bool,
+        superseded: Option<(Arc<Shared>, Version)>,
+    ) -> u64 {
+        let mut p = self.pending.lock();
+        let first = p.files.is_empty() && p.superseded.is_empty();
+        p.gen += 1;
+        let gen = p.gen;
+        p.files.push((gen, id, from));
+        p.dir |= new_name;
+        p.superseded
+            .extend(superseded.map(|(shared, v)| (gen, shared, v)));
+        drop(p);
+        if first {
+            self.wake.notify_one();
+        }
+        gen
+    }
+
+    /// Whether generation `gen` is durable.
+    pub fn covers(&self, gen: u64) -> bool {
+        self.done.load(Ordering::SeqCst) >= gen
+    }
+
+    /// What a commit starting now covers. It stays listed (a power cut may still lose it)
+    /// until [`Self::finish`] drops it.
+    pub fn snapshot(&self) -> Uncommitted {
+        let mut p = self.pending.lock();
+        Uncommitted {
+            files: p.files.clone(),
+            dir: std::mem::take(&mut p.dir),
+            superseded: p.superseded.clone(),
+            gen: p.gen,
+        }
+    }
+
+    /// The commit of `done` succeeded: what it covered is durable (later additions stay).
+    pub fn finish(&self, done: &Uncommitted) {
+        let mut p = self.pending.lock();
+        p.files.retain(|f| f.0 > done.gen);
+        p.superseded.retain(|s| s.0 > done.gen);
+        self.done.fetch_max(done.gen, Ordering::SeqCst);
+        // Closes that came during the commit: the next one is theirs.
+        if !p.files.is_empty() || !p.superseded.is_empty() {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Staging file `id` was made durable outside a commit: a power cut can no longer touch
+    /// it (though the records it supersedes wait for the commit as ever).
+    pub fn synced(&self, id: u64) {
+        self.pending.lock().files.retain(|f| f.1 != id);
+    }
+
+    /// The commit of `failed` failed: a new name it was to make durable still is to be.
+    pub fn failed(&self, failed: &Uncommitted) {
+        self.pending.lock().dir |= failed.dir;
+    }
+}
+
+/// What a power cut now may lose: the model the simulation damages the cache directory by.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct Exposure {
+    /// The journal, and how many of its first bytes are durable.
+    pub journal: (std::path::PathBuf, u64),
+    /// Staging files closed since the last commit, and the offset from which their bytes may
+    /// be lost (what comes before it was durable already).
+    pub files: Vec<(std::path::PathBuf, u64)>,
+}
+
+impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
+    /// Makes every version closed so far durable, and the journal with it; then lets go of
+    /// the versions they superseded. Commits run one at a time; one that fails keeps its work
+    /// for the next.
+    pub(super) async fn commit_now(&self) -> std::io::Result<()> {
+        let _running = self.commits.running.lock().await;
+        let batch = self.commits.snapshot();
+        let files: Vec<_> = batch
+            .files
+            .iter()
+            .map(|(_, id, _)| self.dir.staging(*id))
+            .collect();
+        let dir = batch.dir.then(|| self.dir.staging_dir().clone());
+        let synced = crate::platform::blocking(move || {
+            for at in files {
+                match at.open(crate::platform::Open::new().read(true)) {
+                    Ok(f) => f.sync_data()?,
+                    // Removed since (its name deleted, or superseded and uploaded): nothing
+                    // of it is needed any more.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            match dir {
+                Some(d) => d.sync(),
+                None => Ok(()),
+            }
+        })
+        .await;
+        let synced = match synced {
+            Ok(()) => self.journal.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = synced {
+            self.commits.failed(&batch);
+            return Err(e);
+        }
+        self.commits.finish(&batch);
+        // Under the same lock: a commit that returns has let go of everything it covered (a
+        // drain counts the cleanups this starts).
+        for (_, shared, old) in batch.superseded {
+            self.retire_superseded(&shared, &old).await;
+        }
+        Ok(())
+    }
+
+    /// What a power cut now may lose (for the simulation).
+    #[doc(hidden)]
+    pub fn exposure(&self) -> Exposure {
+        let files = self.commits.pending.lock().files.clone();
+        Exposure {
+            journal: self.journal.durable_len(),
+            files: files
+                .into_iter()
+                .map(|(_, id, from)| (self.dir.staging(id).path(), from))
+                .collect(),
+        }
+    }
+
+    /// Returns once generation `gen` is durable, committing now if it is not yet.
+    pub(super) async fn committed(&self, gen: u64) -> std::io::Result<()> {
+        if self.commits.covers(gen) {
+            return Ok(());
+        }
+        self.commit_now().await
+    }
+
+    /// A version superseded by a newer one that is now durable: its record goes (without a
+    /// sync: a replay that still finds it prefers the newer version, whose bytes check) and
+    /// so does its staging file, unless an upload in flight still reads it (that attempt lets
+    /// go of it when it ends).
+    async fn retire_superseded(&self, shared: &Arc<Shared>, old: &Version) {
+        let mut it = shared.item.lock().await;
+        it.superseded_uncommitted.retain(|id| *id != old.id);
+        if let Err(e) = self.journal.forget(old.id) {
+            tracing::warn!(key = %it.key, error = %e, "could not remove the record of a superseded version; the next mount removes it");
+            return;
+        }
+        self.flush_forgotten_soon();
+        let in_use = it.sched.uploading
+            || it.work_id == old.id
+            || it.pending.as_ref().is_some_and(|p| p.id == old.id)
+            || it.unsaved_file == Some(old.id);
+        if !in_use {
+            self.discard(old);
+        }
+    }
+
+    /// Starts the background commit, once: it sleeps until a close leaves something
+    /// uncommitted, waits one interval, and commits.
+    pub(super) fn ensure_commit_task(self: &Arc<Self>) {
+        if self.commits.task_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let commits = self.commits.clone();
+        let engine = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                commits.wake.notified().await;
+                tokio::time::sleep(commits.interval).await;
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                if let Err(e) = engine.commit_now().await {
+                    tracing::error!(error = %e, "could not make closed files durable on the cache disk; trying again, and their uploads wait for it");
+                    commits.wake.notify_one();
+                }
+            }
+        });
+    }
+}
