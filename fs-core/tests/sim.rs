@@ -1434,7 +1434,7 @@ impl Sim {
                 _ => {
                     let at = self.rng.gen_range(from..len);
                     let n = self.rng.gen_range(1..=(len - at).min(4096));
-                    let junk: Vec<u8> = (0..n).map(|_| self.rng.gen()).collect();
+                    let junk: Vec<u8> = (0..n).map(|_| self.rng.gen::<u8>()).collect();
                     use std::io::{Seek, Write};
                     let f = std::fs::OpenOptions::new().write(true).open(&path);
                     f.and_then(|mut f| {
@@ -1475,7 +1475,10 @@ impl Sim {
             };
             match &seen {
                 Obs::File(d) if legal => {
-                    if power_cut.is_some() && !f.maybe.contains(d) && *d != cur {
+                    if power_cut.is_some() && f.acked.as_ref() == Some(d) {
+                        // Nothing acknowledged was lost.
+                        self.model.set_current(id, d.clone());
+                    } else if power_cut.is_some() && !f.maybe.contains(d) && *d != cur {
                         // Later acknowledged states were lost, as the commit allows: this is
                         // the acknowledged state now.
                         self.model.set_current(id, d.clone());
@@ -1484,8 +1487,8 @@ impl Sim {
                         m.maybe.clear();
                     } else if let Some(cutoff) = power_cut {
                         // Changes not saved (or a state a failed operation may have made
-                        // durable) came back; the bucket may end with any state the cut
-                        // allowed.
+                        // durable) came back, and the acknowledged state may not have: the
+                        // bucket may end with any state the cut allowed.
                         let allowed: Vec<Vec<u8>> = f
                             .legal_after_power_cut(cutoff)
                             .into_iter()

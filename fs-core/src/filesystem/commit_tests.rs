@@ -79,7 +79,7 @@ async fn a_close_is_durable_within_one_commit_interval_and_at_once_with_sync_on_
 /// staging file or, for an append, as the first bytes of the same one.
 #[test]
 fn a_version_a_power_cut_damaged_gives_way_to_the_one_before() {
-    for append in [false, true] {
+    for (append, twice) in [(false, false), (true, false), (true, true)] {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("c");
         let store = Arc::new(MemoryStore::new());
@@ -105,6 +105,14 @@ fn a_version_a_power_cut_damaged_gives_way_to_the_one_before() {
                 fs.write(h.fh, at, &[9u8; 30_000]).await.unwrap();
                 fs.flush(h.fh).await.unwrap();
                 fs.release(h.fh).await;
+                if twice {
+                    // A second append within the interval: its fallback is still the last
+                    // durable version, not the first append (not durable either).
+                    let h = fs.open(ino, W).await.unwrap();
+                    fs.write(h.fh, at + 30_000, &[5u8; 1000]).await.unwrap();
+                    fs.flush(h.fh).await.unwrap();
+                    fs.release(h.fh).await;
+                }
                 let exposure = fs.power_cut_exposure().unwrap();
                 drop(fs);
                 exposure
@@ -113,7 +121,7 @@ fn a_version_a_power_cut_damaged_gives_way_to_the_one_before() {
             exposure
         };
         // The power cut: the new version's bytes never reached the disk (its journal line did).
-        assert_eq!(exposure.files.len(), 1, "append {append}");
+        assert_eq!(exposure.files.len(), 1 + twice as usize, "append {append}");
         let (path, from) = &exposure.files[0];
         assert_eq!(*from, if append { old.len() as u64 } else { 0 });
         let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();

@@ -151,6 +151,16 @@ async fn a_staged_file_is_edited_offline() {
     fs.write(h.fh, 0, &bytes(300_000, 3)).await.unwrap();
     fs.flush(h.fh).await.unwrap();
     fs.release(h.fh).await;
+    // The first upload attempt has failed before the edits start (its start waits for the
+    // commit, on the blocking pool: no fixed sleep covers that on a loaded machine).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while store.counts.write.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no upload was tried"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     tokio::time::sleep(Duration::from_millis(30)).await;
     let before = store.counts.total();
     let new = bytes(120_000, 11);

@@ -68,6 +68,9 @@ pub(super) struct Commits {
     /// Woken by the first close after a commit.
     pub wake: tokio::sync::Notify,
     pub task_started: AtomicBool,
+    /// Superseded versions whose records are gone but whose staging files a commit could not
+    /// let go of yet (their item was busy): the next commit tries again.
+    pub leftover: Mutex<Vec<(Arc<Shared>, Version)>>,
 }
 
 impl Commits {
@@ -79,6 +82,7 @@ impl Commits {
             done: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             task_started: AtomicBool::new(false),
+            leftover: Mutex::new(Vec::new()),
         })
     }
 
@@ -104,6 +108,11 @@ impl Commits {
             self.wake.notify_one();
         }
         gen
+    }
+
+    /// Whether a new staging file name awaits the commit.
+    pub fn dir_pending(&self) -> bool {
+        self.pending.lock().dir
     }
 
     /// Whether generation `gen` is durable.
@@ -173,7 +182,8 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
         let dir = batch.dir.then(|| self.dir.staging_dir().clone());
         let synced = crate::platform::blocking(move || {
             for at in files {
-                match at.open(crate::platform::Open::new().read(true)) {
+                // Write access: Windows flushes only through a handle that may write.
+                match at.open(crate::platform::Open::new().read(true).write(true)) {
                     Ok(f) => f.sync_data()?,
                     // Removed since (its name deleted, or superseded and uploaded): nothing
                     // of it is needed any more.
@@ -195,11 +205,36 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
             self.commits.failed(&batch);
             return Err(e);
         }
+        // The superseded versions' records go (without a sync: a replay that still finds one
+        // prefers the newer version, whose bytes check), before the newer versions count as
+        // committed: none of those is uploaded, and its own record dropped, while an older
+        // record of its name is still live.
+        let mut retiring = Vec::new();
+        for (_, shared, old) in batch.superseded.iter() {
+            match self.journal.forget(old.id) {
+                Ok(()) => retiring.push((shared.clone(), old.clone())),
+                Err(e) => {
+                    tracing::warn!(id = old.id, error = %e, "could not remove the record of a superseded version; the next mount removes it")
+                }
+            }
+        }
+        if !batch.superseded.is_empty() {
+            self.flush_forgotten_soon();
+        }
         self.commits.finish(&batch);
-        // Under the same lock: a commit that returns has let go of everything it covered (a
-        // drain counts the cleanups this starts).
-        for (_, shared, old) in batch.superseded {
-            self.retire_superseded(&shared, &old).await;
+        // Their staging files go too, once no upload reads them. Never waited for: an item's
+        // lock may be held for long (a close waiting for cache space), and no commit waits
+        // behind it; one that is busy is tried again at the next commit.
+        let mut leftover = std::mem::take(&mut *self.commits.leftover.lock());
+        leftover.extend(retiring);
+        for (shared, old) in leftover {
+            match shared.item.try_lock() {
+                Ok(mut it) => self.let_go(&mut it, &old),
+                Err(_) => self.commits.leftover.lock().push((shared.clone(), old)),
+            }
+        }
+        if !self.commits.leftover.lock().is_empty() {
+            self.commits.wake.notify_one();
         }
         Ok(())
     }
@@ -225,18 +260,11 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
         self.commit_now().await
     }
 
-    /// A version superseded by a newer one that is now durable: its record goes (without a
-    /// sync: a replay that still finds it prefers the newer version, whose bytes check) and
-    /// so does its staging file, unless an upload in flight still reads it (that attempt lets
-    /// go of it when it ends).
-    async fn retire_superseded(&self, shared: &Arc<Shared>, old: &Version) {
-        let mut it = shared.item.lock().await;
+    /// A version superseded by a newer one that is now durable, its record forgotten: its
+    /// staging file goes, unless an upload in flight still reads it (that attempt lets go of
+    /// it when it ends).
+    fn let_go(&self, it: &mut super::item::Item, old: &Version) {
         it.superseded_uncommitted.retain(|id| *id != old.id);
-        if let Err(e) = self.journal.forget(old.id) {
-            tracing::warn!(key = %it.key, error = %e, "could not remove the record of a superseded version; the next mount removes it");
-            return;
-        }
-        self.flush_forgotten_soon();
         let in_use = it.sched.uploading
             || it.work_id == old.id
             || it.pending.as_ref().is_some_and(|p| p.id == old.id)

@@ -67,6 +67,10 @@ pub(super) struct Version {
     pub progress: UploadState,
     /// The commit generation that makes it durable ([`super::commit`]); 0: durable already.
     pub commit_gen: u64,
+    /// (size, CRC32C) of the last durable version this one was appended to in place: what a
+    /// replay falls back to should this one's bytes not have reached the disk (a power cut
+    /// before its commit). Carried over appends that are not yet committed themselves.
+    pub fallback: Option<(u64, u32)>,
 }
 
 /// Where an item is in its life.
@@ -201,6 +205,7 @@ impl Item {
             metadata: self.metadata.clone(),
             progress: UploadState::Staged,
             commit_gen: 0,
+            fallback: None,
         });
         rec.state = UploadState::NotSaved {
             file: self.work_id,
@@ -253,7 +258,7 @@ impl Item {
             metadata: v.metadata.clone(),
             maybe_landed: self.maybe_landed.clone(),
             seq: v.seq,
-            prefix: None,
+            prefix: v.fallback,
             state: v.progress.clone(),
         }
     }

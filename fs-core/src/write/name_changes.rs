@@ -328,18 +328,27 @@ impl<S: ObjectStore> WriteBack<S> {
             }
         }
         if let Some(p) = it.pending.clone() {
-            // The record is rewritten below without the fallback a power cut before its
-            // commit would need, and versions it superseded, kept for that commit under the
-            // old name, must not come back there: its bytes are made durable now, and their
-            // records go in this line.
+            // Versions it superseded, kept for its commit under the old name, must not come
+            // back there after a power cut: its bytes (and its name, when a new one awaits
+            // the commit) are made durable now, and their records go in this line.
             if !it.superseded_uncommitted.is_empty() || !self.commits.covers(p.commit_gen) {
                 let at = self.dir.staging(p.id);
+                let dir = self
+                    .commits
+                    .dir_pending()
+                    .then(|| self.dir.staging_dir().clone());
                 crate::platform::blocking(move || {
-                    at.open(crate::platform::Open::new().read(true))?
-                        .sync_data()
+                    // Write access: Windows flushes only through a handle that may write.
+                    let how = crate::platform::Open::new().read(true).write(true);
+                    at.open(how)?.sync_data()?;
+                    dir.map_or(Ok(()), |d| d.sync())
                 })
                 .await?;
                 self.commits.synced(p.id);
+                // Durable now: an append to it falls back to it after a power cut.
+                if let Some(p) = it.pending.as_mut() {
+                    p.commit_gen = 0;
+                }
                 changes.extend(it.superseded_uncommitted.iter().map(|&id| Change::Del(id)));
             }
             changes.push(Change::Put(it.record(&p)));

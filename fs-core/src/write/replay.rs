@@ -112,6 +112,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 metadata: rec.metadata.clone(),
                 progress: rec.state.clone(),
                 commit_gen: 0,
+                fallback: rec.prefix,
             };
             let mut item = Item {
                 key: rec.key.clone(),

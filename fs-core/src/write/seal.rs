@@ -106,15 +106,20 @@ impl<S: ObjectStore> WriteBack<S> {
             metadata: it.metadata.clone(),
             progress,
             commit_gen: 0,
+            fallback: None,
         };
-        let mut rec = it.record(&v);
-        // Appended to in place: the older version is the first bytes of the same file.
+        // Appended to in place: the older version is the first bytes of the same file, and
+        // the fallback after a power cut (or the one it fell back to, when it is not yet
+        // durable itself).
         let appended = old.as_ref().filter(|o| o.id == v.id);
         if lazy {
-            rec.prefix = appended.map(|o| (o.size, o.crc32c));
+            v.fallback = appended.and_then(|o| match self.commits.covers(o.commit_gen) {
+                true => Some((o.size, o.crc32c)),
+                false => o.fallback,
+            });
         }
         let superseded = old.as_ref().filter(|o| o.id != v.id);
-        let mut changes = vec![Change::Put(rec)];
+        let mut changes = vec![Change::Put(it.record(&v))];
         if !lazy {
             if let Some(o) = superseded {
                 changes.push(Change::Del(o.id));

@@ -534,7 +534,8 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 // The commit let go of superseded versions: their parts' cleanup is waited
                 // for like any other.
-                let cleaning = self.cleanups.load(Ordering::SeqCst) > 0
+                let cleaning = (self.cleanups.load(Ordering::SeqCst) > 0
+                    || !self.commits.leftover.lock().is_empty())
                     && !(give_up_on_failure && started.elapsed() > CLEANUP_PATIENCE);
                 if !cleaning {
                     return pending;

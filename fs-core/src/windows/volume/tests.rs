@@ -38,6 +38,10 @@ struct Fixture {
 }
 
 fn fixture(part_size: u64) -> Fixture {
+    fixture_with(part_size, MountConfig::new("bkt"))
+}
+
+fn fixture_with(part_size: u64, cfg: MountConfig) -> Fixture {
     let store = Arc::new(MemoryStore::new());
     let dir = tempfile::tempdir().unwrap();
     let mut w = WriteConfig::new(dir.path().join("cache"));
@@ -48,7 +52,7 @@ fn fixture(part_size: u64) -> Fixture {
         part_size,
         ..UploadConfig::default()
     };
-    let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap();
+    let fs = Filesystem::with_write(store.clone(), cfg, w).unwrap();
     Fixture {
         vol: Volume::new(Arc::new(fs), "bkt"),
         store,
@@ -444,7 +448,12 @@ async fn flush_is_local_durability_and_does_not_wait_for_the_bucket() {
 /// folder: the names listed for the second hundred files are no more than for the first.
 #[tokio::test]
 async fn creating_many_files_in_a_folder_does_not_list_it_again_and_again() {
-    let f = fixture(1 << 20);
+    // The caches' TTLs run on the real clock: long enough to outlast 200 creates on a loaded
+    // machine (under Wine, the 5 s default was not).
+    let mut cfg = MountConfig::new("bkt");
+    cfg.stat_ttl = Duration::from_secs(600);
+    cfg.negative_ttl = Duration::from_secs(600);
+    let f = fixture_with(1 << 20, cfg);
     f.store.insert("dst/existing.txt", "x");
     let listed = || f.store.counts.listed.load(Ordering::SeqCst);
     let lists = || f.store.counts.list.load(Ordering::SeqCst);

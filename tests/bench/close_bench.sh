@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# What a writer waits for at close(): the --commit-interval contract beside the cache disk.
+# Prints one table from one run (medians of RUNS).
+#
+#   bash tests/bench/close_bench.sh      # RUNS=3 SIZE_MIB=1024 SMALL_MIB=256
+#
+# Release build, root mount with default options, the emulator (filesystem backend) on
+# loopback. Each figure is the time until dd returns (its close included), beside the same dd
+# onto the cache disk with the same durability at close:
+#   - SIZE_MIB with dd bs=1M: bucketdrive (close returns with the bytes and the journal line
+#     written, a commit within 1 s) against local dd (page cache only);
+#   - the same with --sync-on-close (close returns with both fdatasync'd) against local dd
+#     conv=fsync;
+#   - SMALL_MIB with dd bs=4k: bucketdrive against local dd bs=4k.
+# Also the daemon's CPU seconds per GiB written (default options, bs=1M). Every object is
+# checked in the bucket (sha256) once uploaded. Needs root, /dev/fuse, and about
+# 3 × SIZE_MIB of free disk under TMPDIR.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=${RUNS:-3}
+SIZE_MIB=${SIZE_MIB:-1024}
+SMALL_MIB=${SMALL_MIB:-256}
+
+source tests/emulator.sh
+source tests/bench/common.sh
+cargo build --release --quiet -p fs-linux
+BD=target/release/bucketdrive
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bd-close-bench.XXXX")
+MNT=$WORK/mnt
+mkdir -p "$MNT" "$WORK/gcs" "$WORK/local"
+cleanup() {
+  mountpoint -q "$MNT" && { umount "$MNT" 2>/dev/null || umount -l "$MNT"; }
+  kill "$EMU_PID" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+create_bucket bench
+head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
+head -c $((SMALL_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src-small"
+SHA=$(sha256sum "$WORK/src" | cut -d' ' -f1)
+SMALL_SHA=$(sha256sum "$WORK/src-small" | cut -d' ' -f1)
+
+object_sha() { curl -sf "$EMU_URL/storage/v1/b/bench/o/$1?alt=media" | sha256sum | cut -d' ' -f1; }
+delete_object() { curl -sf -X DELETE "$EMU_URL/storage/v1/b/bench/o/$1" >/dev/null || true; }
+check() {  # KEY SHA
+  [ "$(object_sha "$1")" = "$2" ] || { echo "object $1 has the wrong bytes in the bucket" >&2; exit 1; }
+}
+bd_mount() {
+  rm -rf "$WORK/cache"
+  "$BD" mount bench "$MNT" --endpoint "$EMU_URL" --anonymous --cache-dir "$WORK/cache" \
+    --log-file "$WORK/bd.log" "$@"
+  PID=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
+}
+bd_unmount() {
+  "$BD" unmount "$MNT" >/dev/null
+  for _ in $(seq 100); do mountpoint -q "$MNT" || return 0; sleep 0.1; done
+}
+cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
+timed_dd() {  # SRC DST BS [dd flags...]: seconds until dd returns
+  local src=$1 dst=$2 bs=$3 s e
+  shift 3
+  sync
+  s=$(now); dd if="$src" of="$dst" bs="$bs" status=none "$@"; e=$(now)
+  awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
+}
+
+declare -A R
+add() { R[$1]="${R[$1]:-} $2"; }
+med() { echo "${R[$1]:-}" | tr ' ' '\n' | grep -v '^$' | median; }
+
+for r in $(seq "$RUNS"); do
+  echo "run $r/$RUNS: local" >&2
+  add local "$(timed_dd "$WORK/src" "$WORK/local/f" 1M)"; rm -f "$WORK/local/f"
+  add local_fsync "$(timed_dd "$WORK/src" "$WORK/local/f" 1M conv=fsync)"; rm -f "$WORK/local/f"
+  add local_4k "$(timed_dd "$WORK/src-small" "$WORK/local/f" 4k)"; rm -f "$WORK/local/f"
+
+  echo "run $r/$RUNS: bucketdrive" >&2
+  bd_mount
+  c0=$(cpu_s "$PID")
+  add bd "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
+  c1=$(cpu_s "$PID")
+  add bd_cpu "$(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }')"
+  add bd_4k "$(timed_dd "$WORK/src-small" "$MNT/small" 4k)"
+  "$BD" status --wait "$MNT" >/dev/null
+  check big "$SHA"; check small "$SMALL_SHA"
+  bd_unmount
+  delete_object big; delete_object small
+
+  echo "run $r/$RUNS: bucketdrive --sync-on-close" >&2
+  bd_mount --sync-on-close
+  add bd_sync "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
+  "$BD" status --wait "$MNT" >/dev/null
+  check big "$SHA"
+  bd_unmount
+  delete_object big
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+row() {  # NAME BASELINE-LABEL BASELINE BD
+  echo "| $1 | $3 ($2) | $4 | $(ratio "$4" "$3") |"
+}
+echo
+echo "Until close() returns, root mount, emulator on loopback; median of $RUNS runs; seconds"
+echo
+echo "| workload | baseline (cache disk) | bucketdrive | bucketdrive ÷ baseline |"
+echo "|---|---:|---:|---:|"
+row "$SIZE_MIB MiB dd bs=1M" "local dd" "$(med local)" "$(med bd)"
+row "$SIZE_MIB MiB dd bs=1M, --sync-on-close" "local dd conv=fsync" "$(med local_fsync)" "$(med bd_sync)"
+row "$SMALL_MIB MiB dd bs=4k" "local dd bs=4k" "$(med local_4k)" "$(med bd_4k)"
+echo
+echo "daemon CPU per GiB written (dd bs=1M, until close): $(med bd_cpu) s"
+echo
+echo "runs:"
+for k in $(printf '%s\n' "${!R[@]}" | sort); do echo "  $k:${R[$k]}"; done
