@@ -48,8 +48,9 @@ pub(super) struct Uncommitted {
     /// new (an append to a committed version leaves the bytes before it alone), each with
     /// the generation it was added in.
     pub files: Vec<(u64, u64, u64)>,
-    /// A staging file got a name whose directory entry is not yet durable.
-    pub dir: bool,
+    /// Staging files that got a name whose directory entry is not yet durable (in a snapshot:
+    /// how many the commit covers).
+    pub dir: u64,
     /// Versions superseded since the last commit: their records and files go after it.
     pub superseded: Vec<(u64, Arc<Shared>, Version)>,
     /// The last generation handed out: a version sealed with generation `g` is durable once
@@ -100,7 +101,7 @@ impl Commits {
         p.gen += 1;
         let gen = p.gen;
         p.files.push((gen, id, from));
-        p.dir |= new_name;
+        p.dir += u64::from(new_name);
         p.superseded
             .extend(superseded.map(|(shared, v)| (gen, shared, v)));
         drop(p);
@@ -112,7 +113,7 @@ impl Commits {
 
     /// Whether a new staging file name awaits the commit.
     pub fn dir_pending(&self) -> bool {
-        self.pending.lock().dir
+        self.pending.lock().dir > 0
     }
 
     /// Whether generation `gen` is durable.
@@ -123,10 +124,10 @@ impl Commits {
     /// What a commit starting now covers. It stays listed (a power cut may still lose it)
     /// until [`Self::finish`] drops it.
     pub fn snapshot(&self) -> Uncommitted {
-        let mut p = self.pending.lock();
+        let p = self.pending.lock();
         Uncommitted {
             files: p.files.clone(),
-            dir: std::mem::take(&mut p.dir),
+            dir: p.dir,
             superseded: p.superseded.clone(),
             gen: p.gen,
         }
@@ -136,6 +137,8 @@ impl Commits {
     pub fn finish(&self, done: &Uncommitted) {
         let mut p = self.pending.lock();
         p.files.retain(|f| f.0 > done.gen);
+        // Names made since the snapshot stay pending (its count only covered those before).
+        p.dir = p.dir.saturating_sub(done.dir);
         p.superseded.retain(|s| s.0 > done.gen);
         self.done.fetch_max(done.gen, Ordering::SeqCst);
         // Closes that came during the commit: the next one is theirs.
@@ -148,11 +151,6 @@ impl Commits {
     /// it (though the records it supersedes wait for the commit as ever).
     pub fn synced(&self, id: u64) {
         self.pending.lock().files.retain(|f| f.1 != id);
-    }
-
-    /// The commit of `failed` failed: a new name it was to make durable still is to be.
-    pub fn failed(&self, failed: &Uncommitted) {
-        self.pending.lock().dir |= failed.dir;
     }
 }
 
@@ -179,7 +177,7 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
             .iter()
             .map(|(_, id, _)| self.dir.staging(*id))
             .collect();
-        let dir = batch.dir.then(|| self.dir.staging_dir().clone());
+        let dir = (batch.dir > 0).then(|| self.dir.staging_dir().clone());
         let synced = crate::platform::blocking(move || {
             for at in files {
                 // Write access: Windows flushes only through a handle that may write.
@@ -201,22 +199,18 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
             Ok(()) => self.journal.flush().await,
             Err(e) => Err(e),
         };
-        if let Err(e) = synced {
-            self.commits.failed(&batch);
-            return Err(e);
-        }
+        synced?;
         // The superseded versions' records go (without a sync: a replay that still finds one
         // prefers the newer version, whose bytes check), before the newer versions count as
         // committed: none of those is uploaded, and its own record dropped, while an older
         // record of its name is still live.
+        // One that cannot be forgotten (a full cache disk) fails the commit, which is tried
+        // again, rather than let the newer version go to the bucket and its record go while
+        // the older record lives on.
         let mut retiring = Vec::new();
         for (_, shared, old) in batch.superseded.iter() {
-            match self.journal.forget(old.id) {
-                Ok(()) => retiring.push((shared.clone(), old.clone())),
-                Err(e) => {
-                    tracing::warn!(id = old.id, error = %e, "could not remove the record of a superseded version; the next mount removes it")
-                }
-            }
+            self.journal.forget(old.id)?;
+            retiring.push((shared.clone(), old.clone()));
         }
         if !batch.superseded.is_empty() {
             self.flush_forgotten_soon();
@@ -228,9 +222,12 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
         let mut leftover = std::mem::take(&mut *self.commits.leftover.lock());
         leftover.extend(retiring);
         for (shared, old) in leftover {
-            match shared.item.try_lock() {
+            let done = match shared.item.try_lock() {
                 Ok(mut it) => self.let_go(&mut it, &old),
-                Err(_) => self.commits.leftover.lock().push((shared.clone(), old)),
+                Err(_) => false,
+            };
+            if !done {
+                self.commits.leftover.lock().push((shared, old));
             }
         }
         if !self.commits.leftover.lock().is_empty() {
@@ -261,17 +258,20 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
     }
 
     /// A version superseded by a newer one that is now durable, its record forgotten: its
-    /// staging file goes, unless an upload in flight still reads it (that attempt lets go of
-    /// it when it ends).
-    fn let_go(&self, it: &mut super::item::Item, old: &Version) {
+    /// staging file goes. Not while an upload is in flight (it may read it): then it stays
+    /// listed, so that the attempt's end leaves it alone, and `false` says to try again.
+    fn let_go(&self, it: &mut super::item::Item, old: &Version) -> bool {
+        if it.sched.uploading {
+            return false;
+        }
         it.superseded_uncommitted.retain(|id| *id != old.id);
-        let in_use = it.sched.uploading
-            || it.work_id == old.id
+        let in_use = it.work_id == old.id
             || it.pending.as_ref().is_some_and(|p| p.id == old.id)
             || it.unsaved_file == Some(old.id);
         if !in_use {
             self.discard(old);
         }
+        true
     }
 
     /// Starts the background commit, once: it sleeps until a close leaves something

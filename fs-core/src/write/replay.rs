@@ -145,6 +145,14 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut it = shared.item.lock().await;
             self.ensure_task(&shared, &mut it);
         }
+        // The kept versions' names, as their bytes were in `verify`: what the replay keeps
+        // is durable before anything newer is built on it.
+        if !kept.is_empty() {
+            let dir = self.dir.staging_dir().clone();
+            if let Err(e) = crate::platform::blocking(move || dir.sync()).await {
+                tracing::warn!(error = %e, "could not sync the staging directory");
+            }
+        }
         let mut count = kept.len();
         for rec in not_saved.into_values() {
             if self.replay_not_saved(rec, &mut kept).await {
