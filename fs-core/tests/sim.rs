@@ -1326,7 +1326,16 @@ impl Sim {
             "CRASH after {ms}ms more ({} handles open)",
             self.handles.len()
         ));
-        let at_crash: Vec<(String, FileId, Vec<u8>)> = self
+        let at_crash = self.stop();
+        self.incarnation += 1;
+        self.mount()?;
+        self.quiet(|s| s.verify_after_restart(at_crash, None))
+    }
+
+    /// Drops the mount mid-flight (every task stops where it was); returns each live file's
+    /// name, identity and content at that moment, for [`Self::verify_after_restart`].
+    fn stop(&mut self) -> Vec<(String, FileId, Vec<u8>)> {
+        let at_crash = self
             .model
             .names
             .iter()
@@ -1336,9 +1345,7 @@ impl Sim {
         self.fs = None;
         self.handles.clear();
         self.model.gc(&BTreeSet::new());
-        self.incarnation += 1;
-        self.mount()?;
-        self.quiet(|s| s.verify_after_restart(at_crash, None))
+        at_crash
     }
 
     /// A close (or truncate) was acknowledged now: with `--sync-on-close` it is durable at
@@ -1363,16 +1370,7 @@ impl Sim {
         let now = self.now_ms();
         let cutoff = now.checked_sub(self.params.commit_interval.as_millis() + 50);
         let exposure = self.fs().power_cut_exposure().expect("a writable mount");
-        let at_crash: Vec<(String, FileId, Vec<u8>)> = self
-            .model
-            .names
-            .iter()
-            .map(|(p, id)| (p.clone(), *id, self.model.file(*id).current.clone()))
-            .collect();
-        self.rt = None;
-        self.fs = None;
-        self.handles.clear();
-        self.model.gc(&BTreeSet::new());
+        let at_crash = self.stop();
         let lost = self.lose_unsynced(&exposure);
         self.note(format!(
             "POWER CUT after {ms}ms more (commits cover closes up to {cutoff:?}ms of {now}ms): {lost}"
