@@ -149,9 +149,13 @@ fn local_entry(key: &str, la: LocalAttr) -> Entry {
 impl<S: ObjectStore> Filesystem<S> {
     /// Turns passthrough on: the adapter found the kernel offering it and may register backing
     /// files. From now on read opens of files wholly in the read cache may pass through
-    /// ([`passthrough`]). Call before the first open.
-    pub fn enable_passthrough(&self) {
-        self.pt.enable();
+    /// ([`passthrough`]), and on a writable mount without `--cache-size` so may opens of files
+    /// being written whose bytes are all local ([`crate::write::passthrough`]); returns
+    /// whether those do. Call before the first open.
+    pub fn enable_passthrough(&self) -> bool {
+        let writes = self.write.as_ref().is_some_and(|w| w.passthrough_allowed());
+        self.pt.enable(writes);
+        writes
     }
 
     /// Whether [`Self::enable_passthrough`] was called.
@@ -161,13 +165,16 @@ impl<S: ObjectStore> Filesystem<S> {
 
     /// The adapter could not pass handle `fh` through after all (the kernel refused its
     /// backing file): it is answered as a handle through the daemon, and counted so.
-    pub fn passthrough_refused(&self, fh: u64) {
+    pub async fn passthrough_refused(&self, fh: u64) {
         // What the kernel refuses once (a read cache on overlayfs, a mount in a user
         // namespace) it refuses every time: no more offers.
         self.pt.stop_offering();
         if let Ok(f) = self.handle(fh) {
             if f.through.swap(false, Ordering::SeqCst) {
                 self.pt.refused(f.ino);
+                if let (FileIo::Staged { item, .. }, Some(w)) = (&f.io, &self.write) {
+                    w.leave_passthrough(item).await;
+                }
             }
         }
     }
@@ -477,6 +484,8 @@ mod handles;
 #[cfg(test)]
 mod offline_tests;
 pub mod passthrough;
+#[cfg(all(test, target_os = "linux"))]
+mod passthrough_write_tests;
 #[cfg(test)]
 mod regressions;
 #[cfg(test)]

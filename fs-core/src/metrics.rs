@@ -12,6 +12,7 @@
 //! | metric | type | labels | counted in |
 //! |---|---|---|---|
 //! | `bucketdrive_read_bytes_total` | counter | | `Filesystem::read`: bytes returned to a reader, from the bucket or a staged file |
+//! | `bucketdrive_written_bytes_total` | counter | | `Filesystem::write`: bytes written through the daemon into files being written |
 //! | `bucketdrive_fetched_bytes_total` | counter | | `store::read_range`: bytes downloaded from the bucket (read-ahead parts, demand reads, fills of staged files) |
 //! | `bucketdrive_prefetch_hits_total` | counter | | `read::prefetch::Reader`: a read whose bytes were already requested or held (window, or the last demand block) |
 //! | `bucketdrive_prefetch_misses_total` | counter | | `read::prefetch::Reader`: a read that had to start a GET for its own bytes |
@@ -45,6 +46,7 @@ use ::metrics::{counter, describe_counter, describe_gauge, describe_histogram, g
 use crate::store::StoreErrorKind;
 
 pub const READ_BYTES: &str = "bucketdrive_read_bytes_total";
+pub const WRITTEN_BYTES: &str = "bucketdrive_written_bytes_total";
 pub const FETCHED_BYTES: &str = "bucketdrive_fetched_bytes_total";
 pub const PASSTHROUGH_OPENS: &str = "bucketdrive_passthrough_opens_total";
 pub const PREFETCH_HITS: &str = "bucketdrive_prefetch_hits_total";
@@ -117,7 +119,12 @@ pub fn read_bytes(n: u64) {
     counter!(READ_BYTES).increment(n);
 }
 
-/// A file opened for the kernel to read itself from the read cache (FUSE passthrough).
+/// `n` bytes written through the daemon.
+pub fn written_bytes(n: u64) {
+    counter!(WRITTEN_BYTES).increment(n);
+}
+
+/// A file opened for the kernel to read (and write) itself (FUSE passthrough).
 pub fn passthrough_open() {
     counter!(PASSTHROUGH_OPENS).increment(1);
 }
@@ -265,6 +272,11 @@ pub fn describe() {
             "Bytes returned to readers, from the bucket or from files being written.",
         ),
         (
+            WRITTEN_BYTES,
+            Unit::Bytes,
+            "Bytes written through the daemon into files being written (not those the kernel writes itself, FUSE passthrough).",
+        ),
+        (
             FETCHED_BYTES,
             Unit::Bytes,
             "Bytes downloaded from the bucket: read-ahead parts, demand reads, fills of staged files.",
@@ -272,7 +284,7 @@ pub fn describe() {
         (
             PASSTHROUGH_OPENS,
             Unit::Count,
-            "Opens the kernel serves itself from a read-cache file (FUSE passthrough); their reads reach none of the byte counters.",
+            "Opens the kernel serves itself from a local file, a read-cache file or a file being written (FUSE passthrough); their reads and writes reach none of the byte counters.",
         ),
         (
             PREFETCH_HITS,

@@ -43,14 +43,14 @@ mod scenarios;
 #[path = "sim/shared.rs"]
 mod shared;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use corelog::CoreLog;
-use fs_core::filesystem::{CreateFlags, Filesystem, OpenMode, TEMP_DIR};
+use fs_core::filesystem::{CreateFlags, Filesystem, KernelIo, OpenMode, TEMP_DIR};
 use fs_core::store::memory::{FaultConfig, MemoryStore};
 use fs_core::write::upload::{UploadConfig, UploadMode};
 use fs_core::write::writeback::WriteConfig;
@@ -235,6 +235,9 @@ struct Params {
     /// `--commit-interval`, and `--sync-on-close`.
     commit_interval: Duration,
     sync_on_close: bool,
+    /// FUSE passthrough: files being written whose bytes are all local are written by "the
+    /// kernel" (the simulation, straight into the backing file an open hands out).
+    passthrough: bool,
 }
 
 impl Params {
@@ -269,6 +272,7 @@ impl Params {
             offline_episodes: rng.gen_bool(0.25),
             commit_interval: Duration::from_millis([20u64, 200, 1000][rng.gen_range(0..3)]),
             sync_on_close: rng.gen_bool(0.1),
+            passthrough: rng.gen_bool(0.3),
         }
     }
 }
@@ -278,7 +282,8 @@ impl std::fmt::Display for Params {
         write!(
             f,
             "write_back_delay={:?} mode={:?} part_concurrency={} files_concurrency={} \
-             fail_before={:.3} fail_after={:.3} max_delay={:?} offline_episodes={}",
+             fail_before={:.3} fail_after={:.3} max_delay={:?} offline_episodes={} \
+             commit_interval={:?} sync_on_close={} passthrough={}",
             self.delay,
             self.mode,
             self.part_concurrency,
@@ -286,8 +291,25 @@ impl std::fmt::Display for Params {
             self.faults.fail_before,
             self.faults.fail_after,
             self.faults.max_delay,
-            self.offline_episodes
+            self.offline_episodes,
+            self.commit_interval,
+            self.sync_on_close,
+            self.passthrough
         )
+    }
+}
+
+/// The file's inode number (passthrough, which needs it, is Linux only).
+fn file_ino(f: &std::fs::File) -> Option<u64> {
+    #[cfg(unix)]
+    return f
+        .metadata()
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    #[cfg(not(unix))]
+    {
+        let _ = f;
+        None
     }
 }
 
@@ -309,6 +331,11 @@ struct Sim {
     fs: Option<Fs>,
     model: Model,
     handles: Vec<Handle>,
+    /// Open handles the kernel does the I/O of itself (passthrough), and their backing files.
+    backings: HashMap<u64, Arc<std::fs::File>>,
+    /// Inode numbers of every staging file the kernel wrote itself: a power cut leaves their
+    /// bytes alone (see [`Self::op_power_cut`]).
+    written_in_place: BTreeSet<u64>,
     faults_on: bool,
     offline: bool,
     incarnation: u32,
@@ -365,6 +392,8 @@ impl Sim {
         // the core is a lost answer followed by a retry that finds its own effect (a
         // precondition failure, a missing object), or a failure that outlasted the retries.
         store.set_retry(Some(store_retry()));
+        // The simulation's own boot: a power cut starts another.
+        fs_core::platform::set_boot_id(Some(format!("sim-{seed}")));
         let mut sim = Sim {
             seed,
             rng,
@@ -376,6 +405,8 @@ impl Sim {
             fs: None,
             model: Model::default(),
             handles: Vec::new(),
+            backings: HashMap::new(),
+            written_in_place: BTreeSet::new(),
             faults_on: false,
             offline: false,
             incarnation: 0,
@@ -494,6 +525,9 @@ impl Sim {
             )
             .map_err(|e| violation("I1", "a restart could not mount", e))?
         };
+        if self.params.passthrough {
+            fs.enable_passthrough();
+        }
         self.t0 = rt.block_on(async { tokio::time::Instant::now() });
         self.rt = Some(rt);
         self.fs = Some(fs);
@@ -733,6 +767,13 @@ impl Sim {
 
     /// A write that touches only the local disk must succeed.
     fn write(&mut self, fh: u64, file: FileId, offset: usize, data: &[u8]) -> Check {
+        if let Some(b) = self.backings.get(&fh) {
+            // The kernel writes the backing file itself; the daemon hears nothing.
+            fs_core::platform::write_all_at(b, data, offset as u64)
+                .map_err(|e| violation("I5", "a passthrough write failed", e.to_string()))?;
+            self.model.write(file, offset, data);
+            return Ok(());
+        }
         match self.run(self.fs().write(fh, offset as u64, data))? {
             Ok(n) if n as usize == data.len() => {
                 self.model.write(file, offset, data);
@@ -749,10 +790,21 @@ impl Sim {
         }
     }
 
+    /// Notes a handle the kernel does the I/O of itself (passthrough).
+    fn opened(&mut self, o: &fs_core::filesystem::Opened) {
+        if let KernelIo::Passthrough(file) = &o.io {
+            if let Some(ino) = file_ino(file) {
+                self.written_in_place.insert(ino);
+            }
+            self.backings.insert(o.fh, file.clone());
+        }
+    }
+
     /// close(): flush and release.
     fn close(&mut self, fh: u64, file: FileId) -> Check<FsResult<()>> {
         let r = self.run(self.fs().flush_by(fh, WRITER))?;
         self.run(self.fs().release(fh))?;
+        self.backings.remove(&fh);
         if r.is_ok() {
             self.model.ack(file);
             self.stamp(file);
@@ -798,6 +850,7 @@ impl Sim {
             }
         };
         let id = self.model.add(&path, Vec::new(), false);
+        self.opened(&opened);
         self.write(opened.fh, id, 0, &data)?;
         self.keep_or_close(
             opened.fh,
@@ -831,6 +884,7 @@ impl Sim {
                 return Ok(true);
             }
         };
+        self.opened(&opened);
         self.write(opened.fh, id, offset, &data)?;
         self.keep_or_close(opened.fh, id, what)?;
         Ok(true)
@@ -855,6 +909,7 @@ impl Sim {
             }
         };
         self.model.set_current(id, Vec::new());
+        self.opened(&opened);
         self.write(opened.fh, id, 0, &data)?;
         self.keep_or_close(opened.fh, id, what)?;
         Ok(true)
@@ -1344,6 +1399,7 @@ impl Sim {
         self.rt = None;
         self.fs = None;
         self.handles.clear();
+        self.backings.clear();
         self.model.gc(&BTreeSet::new());
         at_crash
     }
@@ -1370,8 +1426,14 @@ impl Sim {
         let now = self.now_ms();
         let cutoff = now.checked_sub(self.params.commit_interval.as_millis() + 50);
         let exposure = self.fs().power_cut_exposure().expect("a writable mount");
+        // Files the kernel wrote itself (passthrough) are edited in place: a power cut leaves
+        // each of their blocks old or new, as on a local disk, which the model does not
+        // follow. Their bytes are left alone here; the journal lines that vouch for them
+        // (the commit's mark among them) are lost like any others.
+        let in_place = self.written_in_place.clone();
         let at_crash = self.stop();
-        let lost = self.lose_unsynced(&exposure);
+        fs_core::platform::set_boot_id(Some(format!("sim-{}-cut{}", self.seed, self.incarnation)));
+        let lost = self.lose_unsynced(&exposure, &in_place);
         self.note(format!(
             "POWER CUT after {ms}ms more (commits cover closes up to {cutoff:?}ms of {now}ms): {lost}"
         ));
@@ -1381,7 +1443,11 @@ impl Sim {
     }
 
     /// Damages the cache directory as a power cut may; says what it did.
-    fn lose_unsynced(&mut self, exposure: &fs_core::write::commit::Exposure) -> String {
+    fn lose_unsynced(
+        &mut self,
+        exposure: &fs_core::write::commit::Exposure,
+        in_place: &BTreeSet<u64>,
+    ) -> String {
         let mut said = Vec::new();
         let (log, synced) = &exposure.journal;
         if let Ok(bytes) = std::fs::read(log) {
@@ -1414,9 +1480,17 @@ impl Sim {
             *e = (*e).min(*f);
         }
         for (path, from) in from {
-            let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+            let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
+            let written_in_place = std::fs::File::open(&path)
+                .ok()
+                .and_then(|f| file_ino(&f))
+                .is_some_and(|ino| in_place.contains(&ino));
+            if written_in_place {
+                continue;
+            }
+            let len = meta.len();
             if from >= len {
                 continue;
             }

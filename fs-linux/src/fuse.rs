@@ -122,14 +122,57 @@ impl Backings {
     }
 }
 
+/// The two answers that open a handle: `open` and `create`.
+trait OpenReply {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId>;
+    fn opened(self, fh: FileHandle, flags: FopenFlags);
+    fn opened_passthrough(self, fh: FileHandle, id: &BackingId);
+}
+
+impl OpenReply for ReplyOpen {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId> {
+        ReplyOpen::open_backing(self, file)
+    }
+    fn opened(self, fh: FileHandle, flags: FopenFlags) {
+        ReplyOpen::opened(self, fh, flags)
+    }
+    fn opened_passthrough(self, fh: FileHandle, id: &BackingId) {
+        ReplyOpen::opened_passthrough(self, fh, FopenFlags::empty(), id)
+    }
+}
+
+/// A create's answer, with the new file's attributes.
+struct Created(ReplyCreate, Attr);
+
+impl OpenReply for Created {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId> {
+        self.0.open_backing(file)
+    }
+    fn opened(self, fh: FileHandle, flags: FopenFlags) {
+        let a = &self.1;
+        self.0.created(&a.ttl, &file_attr(a), GENERATION, fh, flags)
+    }
+    fn opened_passthrough(self, fh: FileHandle, id: &BackingId) {
+        let a = &self.1;
+        self.0.created_passthrough(
+            &a.ttl,
+            &file_attr(a),
+            GENERATION,
+            fh,
+            FopenFlags::empty(),
+            id,
+        )
+    }
+}
+
 /// Answers an open the way the core decided: through the daemon, or passing through to a
 /// backing file. A backing file the kernel refuses makes the handle an ordinary one.
-fn reply_open<S: ObjectStore>(
+async fn reply_open<S: ObjectStore>(
     fs: &fs_core::Filesystem<S>,
     backings: &Backings,
     ino: u64,
     o: Opened,
-    reply: ReplyOpen,
+    reply: impl OpenReply,
 ) {
     let fh = FileHandle(o.fh);
     match &o.io {
@@ -137,11 +180,11 @@ fn reply_open<S: ObjectStore>(
             match backings.register(ino, o.fh, file, |f| reply.open_backing(f)) {
                 Ok(id) => {
                     fs.passthrough_opened();
-                    reply.opened_passthrough(fh, FopenFlags::empty(), &id)
+                    reply.opened_passthrough(fh, &id)
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "the kernel refused a passthrough file (a read cache on overlayfs, or a mount without CAP_SYS_ADMIN in its namespace); reading through the daemon from now on");
-                    fs.passthrough_refused(o.fh);
+                    tracing::warn!(error = %e, "the kernel refused a passthrough file (a cache directory on overlayfs, or a mount without CAP_SYS_ADMIN in its namespace); through the daemon from now on");
+                    fs.passthrough_refused(o.fh).await;
                     reply.opened(fh, FopenFlags::empty());
                 }
             }
@@ -228,8 +271,11 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         }
         match passthrough {
             Ok(()) => {
-                self.fs.enable_passthrough();
-                tracing::info!("FUSE passthrough: on (files wholly in the read cache, once checked, are read by the kernel itself)");
+                let writes = self.fs.enable_passthrough();
+                tracing::info!(
+                    "FUSE passthrough: on (the kernel itself reads files wholly in the read cache, once checked{})",
+                    if writes { ", and reads and writes files being written whose bytes are all local" } else { "" }
+                );
             }
             Err(why) => tracing::info!("FUSE passthrough: off ({why})"),
         }
@@ -460,7 +506,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             match fs.open(ino.0, mode).await {
                 Ok(o) => {
                     openers.opened(o.fh, thread, mode.process);
-                    reply_open(&fs, &backings, ino.0, o, reply)
+                    reply_open(&fs, &backings, ino.0, o, reply).await
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -687,6 +733,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         };
         let exclusive = flags & libc::O_EXCL != 0;
         let (fs, openers, thread) = (self.fs.clone(), self.openers.clone(), req.pid());
+        let backings = self.backings.clone();
         self.rt.spawn(async move {
             let flags = CreateFlags {
                 exclusive,
@@ -696,16 +743,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
                 process: Openers::opening(thread),
             };
             match fs.create_with(parent.0, &name, flags).await {
-                // A new file is written through the daemon.
                 Ok((a, o)) => {
                     openers.opened(o.fh, thread, flags.process);
-                    reply.created(
-                        &a.ttl,
-                        &file_attr(&a),
-                        GENERATION,
-                        FileHandle(o.fh),
-                        FopenFlags::empty(),
-                    )
+                    let ino = a.ino;
+                    reply_open(&fs, &backings, ino, o, Created(reply, a)).await
                 }
                 Err(e) => reply.error(errno(&e)),
             }

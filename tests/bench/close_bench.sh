@@ -11,8 +11,12 @@
 #     written, a commit within 1 s) against local dd (page cache only);
 #   - the same with --sync-on-close (close returns with both fdatasync'd) against local dd
 #     conv=fsync;
-#   - SMALL_MIB with dd bs=4k: bucketdrive against local dd bs=4k.
-# Also the daemon's CPU seconds per GiB written (default options, bs=1M). Every object is
+#   - SMALL_MIB with dd bs=4k: bucketdrive against local dd bs=4k;
+#   - half of SMALL_MIB rewritten with dd bs=4k conv=notrunc over the object after a remount
+#     (its bytes not local, so never passed through): what passthrough costs the writes it
+#     does not take, which then go without the kernel's write-back cache.
+# Each with default options and with --passthrough on (the kernel writing new files straight
+# into their staged copies). Also the daemon's CPU seconds per GiB written (bs=1M). Every object is
 # checked in the bucket (sha256) once uploaded. Needs root, /dev/fuse, and about
 # 3 × SIZE_MIB of free disk under TMPDIR.
 set -euo pipefail
@@ -41,6 +45,9 @@ head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
 head -c $((SMALL_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src-small"
 SHA=$(sha256sum "$WORK/src" | cut -d' ' -f1)
 SMALL_SHA=$(sha256sum "$WORK/src-small" | cut -d' ' -f1)
+# The edit: the first half of the small file rewritten, 4 KiB at a time.
+head -c $((SMALL_MIB * 512 * 1024)) /dev/urandom > "$WORK/src-edit"
+EDIT_SHA=$( { cat "$WORK/src-edit"; tail -c +$((SMALL_MIB * 512 * 1024 + 1)) "$WORK/src-small"; } | sha256sum | cut -d' ' -f1)
 
 object_sha() { curl -sf "$EMU_URL/storage/v1/b/bench/o/$1?alt=media" | sha256sum | cut -d' ' -f1; }
 delete_object() { curl -sf -X DELETE "$EMU_URL/storage/v1/b/bench/o/$1" >/dev/null || true; }
@@ -70,47 +77,67 @@ declare -A R
 add() { R[$1]="${R[$1]:-} $2"; }
 med() { echo "${R[$1]:-}" | tr ' ' '\n' | grep -v '^$' | median; }
 
+# One mount's rows: dd bs=1M (with its daemon CPU), dd bs=4k, and dd bs=4k over an object
+# whose bytes are not local (a fresh cache, conv=notrunc: the edit of an existing file).
+bd_rows() {  # PREFIX [mount options...]
+  local p=$1 c0 c1
+  shift
+  bd_mount "$@"
+  c0=$(cpu_s "$PID")
+  add "${p}" "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
+  c1=$(cpu_s "$PID")
+  add "${p}_cpu" "$(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }')"
+  add "${p}_4k" "$(timed_dd "$WORK/src-small" "$MNT/small" 4k)"
+  "$BD" status --wait "$MNT" >/dev/null
+  check big "$SHA"; check small "$SMALL_SHA"
+  bd_unmount
+  bd_mount "$@"
+  add "${p}_edit" "$(timed_dd "$WORK/src-edit" "$MNT/small" 4k conv=notrunc)"
+  "$BD" status --wait "$MNT" >/dev/null
+  check small "$EDIT_SHA"
+  bd_unmount
+  delete_object big; delete_object small
+}
+
 for r in $(seq "$RUNS"); do
   echo "run $r/$RUNS: local" >&2
   add local "$(timed_dd "$WORK/src" "$WORK/local/f" 1M)"; rm -f "$WORK/local/f"
   add local_fsync "$(timed_dd "$WORK/src" "$WORK/local/f" 1M conv=fsync)"; rm -f "$WORK/local/f"
-  add local_4k "$(timed_dd "$WORK/src-small" "$WORK/local/f" 4k)"; rm -f "$WORK/local/f"
+  add local_4k "$(timed_dd "$WORK/src-small" "$WORK/local/f" 4k)"
+  add local_edit "$(timed_dd "$WORK/src-edit" "$WORK/local/f" 4k conv=notrunc)"; rm -f "$WORK/local/f"
 
   echo "run $r/$RUNS: bucketdrive" >&2
-  bd_mount
-  c0=$(cpu_s "$PID")
-  add bd "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
-  c1=$(cpu_s "$PID")
-  add bd_cpu "$(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }')"
-  add bd_4k "$(timed_dd "$WORK/src-small" "$MNT/small" 4k)"
-  "$BD" status --wait "$MNT" >/dev/null
-  check big "$SHA"; check small "$SMALL_SHA"
-  bd_unmount
-  delete_object big; delete_object small
+  bd_rows bd
+  echo "run $r/$RUNS: bucketdrive --passthrough on" >&2
+  bd_rows pt --passthrough on
 
-  echo "run $r/$RUNS: bucketdrive --sync-on-close" >&2
-  bd_mount --sync-on-close
-  add bd_sync "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
-  "$BD" status --wait "$MNT" >/dev/null
-  check big "$SHA"
-  bd_unmount
-  delete_object big
+  for opt in "" "--passthrough on"; do
+    echo "run $r/$RUNS: bucketdrive --sync-on-close $opt" >&2
+    # shellcheck disable=SC2086
+    bd_mount --sync-on-close $opt
+    add "sync${opt:+_pt}" "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
+    "$BD" status --wait "$MNT" >/dev/null
+    check big "$SHA"
+    bd_unmount
+    delete_object big
+  done
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-row() {  # NAME BASELINE-LABEL BASELINE BD
-  echo "| $1 | $3 ($2) | $4 | $(ratio "$4" "$3") |"
+row() {  # NAME BASELINE-LABEL BASELINE BD PT
+  echo "| $1 | $3 ($2) | $4 | $(ratio "$4" "$3") | $5 | $(ratio "$5" "$3") |"
 }
 echo
 echo "Until close() returns, root mount, emulator on loopback; median of $RUNS runs; seconds"
 echo
-echo "| workload | baseline (cache disk) | bucketdrive | bucketdrive ÷ baseline |"
-echo "|---|---:|---:|---:|"
-row "$SIZE_MIB MiB dd bs=1M" "local dd" "$(med local)" "$(med bd)"
-row "$SIZE_MIB MiB dd bs=1M, --sync-on-close" "local dd conv=fsync" "$(med local_fsync)" "$(med bd_sync)"
-row "$SMALL_MIB MiB dd bs=4k" "local dd bs=4k" "$(med local_4k)" "$(med bd_4k)"
+echo "| workload | baseline (cache disk) | default | ÷ baseline | --passthrough on | ÷ baseline |"
+echo "|---|---:|---:|---:|---:|---:|"
+row "$SIZE_MIB MiB dd bs=1M" "local dd" "$(med local)" "$(med bd)" "$(med pt)"
+row "$SIZE_MIB MiB dd bs=1M, --sync-on-close" "local dd conv=fsync" "$(med local_fsync)" "$(med sync)" "$(med sync_pt)"
+row "$SMALL_MIB MiB dd bs=4k" "local dd bs=4k" "$(med local_4k)" "$(med bd_4k)" "$(med pt_4k)"
+row "$SMALL_MIB MiB dd bs=4k conv=notrunc over the object, bytes not local" "local dd, same" "$(med local_edit)" "$(med bd_edit)" "$(med pt_edit)"
 echo
-echo "daemon CPU per GiB written (dd bs=1M, until close): $(med bd_cpu) s"
+echo "daemon CPU per GiB written (dd bs=1M, until close): default $(med bd_cpu) s, --passthrough on $(med pt_cpu) s"
 echo
 echo "runs:"
 for k in $(printf '%s\n' "${!R[@]}" | sort); do echo "  $k:${R[$k]}"; done

@@ -6,7 +6,9 @@ use std::os::unix::fs::FileExt;
 use std::process::Command;
 use std::time::Duration;
 
-use bucketdrive_tests::{random_bytes, sha256, Emulator, Mount, Result};
+use bucketdrive_tests::{
+    drop_page_cache, metric, random_bytes, sha256, wait_for_log, Emulator, Mount, Result,
+};
 use rand::{Rng, SeedableRng};
 
 const MIB: usize = 1024 * 1024;
@@ -401,22 +403,6 @@ fn unchanged_listings_are_cached_in_the_kernel() -> Result<()> {
     m.unmount()
 }
 
-/// The sum of the samples of `name` (any labels) that a mount's `/metrics` shows.
-fn metric(addr: &str, name: &str) -> Result<f64> {
-    let text = ureq::get(&format!("http://{addr}/metrics"))
-        .timeout(Duration::from_secs(10))
-        .call()?
-        .into_string()?;
-    let labelled = format!("{name}{{");
-    Ok(text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| *series == name || series.starts_with(&labelled))
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum())
-}
-
 /// Disk bytes the files under `dir` take (sparse holes excluded).
 fn disk_use(dir: &std::path::Path) -> Result<u64> {
     use std::os::unix::fs::MetadataExt;
@@ -498,29 +484,6 @@ fn read_cache_serves_a_reread_after_remount_and_never_a_replaced_object() -> Res
     assert_eq!(sum, sha256(&new));
     assert!(hits > 0.0 && fetched < new.len() as f64, "{hits} {fetched}");
     assert!(disk_use(&objects)? <= 8 * MIB as u64);
-    Ok(())
-}
-
-/// Waits (up to 5 s) for the mount's log to hold `needle`: the log is written off the
-/// request path, and may trail the mount's readiness.
-fn wait_for_log(m: &Mount, needle: &str) -> Result<()> {
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    while !m.log_text().contains(needle) {
-        anyhow::ensure!(
-            std::time::Instant::now() < end,
-            "the log never said {needle:?}:\n{}",
-            m.log_tail(20)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-/// Drops the kernel's page cache, so a read reaches the mount (or the backing file) again.
-fn drop_page_cache() -> Result<()> {
-    // SAFETY: sync cannot fail.
-    unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "1")?;
     Ok(())
 }
 

@@ -754,3 +754,42 @@ pub fn wait_for_object(
     }
     anyhow::bail!("{key} did not reach the bucket with sha256 {want} (last seen {last:?})")
 }
+
+/// The sum of the samples of `name` (any labels) that a mount's `/metrics` at `addr` shows.
+pub fn metric(addr: &str, name: &str) -> Result<f64> {
+    let text = ureq::get(&format!("http://{addr}/metrics"))
+        .timeout(Duration::from_secs(10))
+        .call()?
+        .into_string()?;
+    let labelled = format!("{name}{{");
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| *series == name || series.starts_with(&labelled))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum())
+}
+
+/// Waits (up to 5 s) for the mount's log to hold `needle`: the log is written off the
+/// request path, and may trail the mount's readiness.
+pub fn wait_for_log(m: &Mount, needle: &str) -> Result<()> {
+    let end = Instant::now() + Duration::from_secs(5);
+    while !m.log_text().contains(needle) {
+        anyhow::ensure!(
+            Instant::now() < end,
+            "the log never said {needle:?}:\n{}",
+            m.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Drops the kernel's page cache, so a read reaches the mount (or the backing file) again.
+pub fn drop_page_cache() -> Result<()> {
+    // SAFETY: sync cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1")?;
+    Ok(())
+}

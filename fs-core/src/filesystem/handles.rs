@@ -171,12 +171,19 @@ impl<S: ObjectStore> Filesystem<S> {
         writable: bool,
         opener: Option<u32>,
     ) -> FsResult<Opened> {
-        let (io, counted) = match self.pt.other_open(ino) {
+        let w = self.writer()?;
+        let opened = self
+            .pt
+            .staged_open(
+                ino,
+                || w.passthrough_file(&item),
+                |file| w.join_passthrough(&item, file),
+            )
+            .await;
+        let (io, counted) = match opened {
             Ok(x) => x,
             Err(e) => {
-                if let Some(w) = &self.write {
-                    w.release(&item).await;
-                }
+                w.release(&item).await;
                 return Err(e);
             }
         };
@@ -352,6 +359,7 @@ impl<S: ObjectStore> Filesystem<S> {
                 writable: true,
             } => {
                 self.writer()?.write(item, offset, data).await?;
+                crate::metrics::written_bytes(data.len() as u64);
                 Ok(data.len() as u32)
             }
             _ => Err(FsError::BadHandle),
@@ -423,6 +431,9 @@ impl<S: ObjectStore> Filesystem<S> {
         };
         self.pt.release(file.ino, counted);
         if let (FileIo::Staged { item, .. }, Some(w)) = (&file.io, &self.write) {
+            if counted == Counted::Through {
+                w.leave_passthrough(item).await;
+            }
             w.release(item).await;
         }
     }

@@ -61,12 +61,12 @@ impl PassthroughMode {
     /// for the start-up log). `root`: the mount may register backing files (`CAP_SYS_ADMIN`).
     /// `read_only`: no writes through the mount, so nothing loses the kernel's write-back
     /// cache, which passthrough turns off for the whole mount. `read_cache`: there are local
-    /// files to pass through to.
+    /// files to pass reads through to (a writable mount has its files being written).
     pub fn decide(self, root: bool, read_only: bool, read_cache: bool) -> Result<(), String> {
         match self {
             PassthroughMode::Off => Err("--passthrough off".into()),
             _ if !root => Err("it needs root (CAP_SYS_ADMIN) to register backing files".into()),
-            _ if !read_cache => {
+            _ if !read_cache && (read_only || self == PassthroughMode::Auto) => {
                 Err("no --read-cache-dir: no local file to pass reads through to".into())
             }
             PassthroughMode::On => Ok(()),
@@ -109,6 +109,8 @@ pub(super) struct Passthrough {
     enabled: AtomicBool,
     /// New opens may pass through (off again once the kernel refused a backing file).
     offering: AtomicBool,
+    /// Files being written may pass through to their working copies (a writable mount).
+    writes: AtomicBool,
     inodes: Mutex<HashMap<Ino, InodeIo>>,
     /// Keys of files a change is under way on: none of them may start passing through.
     changing: Mutex<HashMap<String, usize>>,
@@ -128,6 +130,9 @@ struct InodeIo {
     deciding: bool,
     /// The backing file, while `through` > 0.
     backing: Option<Arc<File>>,
+    /// The backing file is a working copy (the file is being written), not a read cache
+    /// file: writers join its handles, and changes are made to it in place.
+    staged: bool,
 }
 
 impl InodeIo {
@@ -165,9 +170,11 @@ impl Drop for Change<'_> {
 }
 
 impl Passthrough {
-    pub fn enable(&self) {
+    /// `writes`: files being written pass through to their working copies too.
+    pub fn enable(&self, writes: bool) {
         self.enabled.store(true, Ordering::SeqCst);
         self.offering.store(true, Ordering::SeqCst);
+        self.writes.store(writes, Ordering::SeqCst);
     }
 
     pub fn enabled(&self) -> bool {
@@ -205,11 +212,12 @@ impl Passthrough {
             let released = self.released.notified();
             tokio::pin!(released);
             released.as_mut().enable();
+            // A working copy passing through is changed in place: no reader of a cache file.
             let readers = self
                 .inodes
                 .lock()
                 .get(&ino)
-                .is_some_and(|st| st.through > 0);
+                .is_some_and(|st| st.through > 0 && !st.staged);
             if !readers {
                 return Ok(change);
             }
@@ -279,6 +287,80 @@ impl Passthrough {
         result
     }
 
+    /// An open of a file being written (its item's working copy): it joins the inode's
+    /// passthrough handles if they pass through to a working copy; is refused with `FileBusy`
+    /// while they pass through to a read cache file; passes through when it is the inode's
+    /// only handle and `backing` gives the working copy's file (which counts the item's
+    /// passthrough handle); otherwise goes through the daemon. `joined` counts a handle that
+    /// joins at the item.
+    pub async fn staged_open<F, Fut, J, JFut>(
+        &self,
+        ino: Ino,
+        backing: F,
+        joined: J,
+    ) -> FsResult<(KernelIo, Counted)>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Option<File>>,
+        J: FnOnce(Arc<File>) -> JFut,
+        JFut: std::future::Future<Output = ()>,
+    {
+        if !self.writes.load(Ordering::SeqCst) {
+            return self.other_open(ino);
+        }
+        loop {
+            let decided = self.decided.notified();
+            tokio::pin!(decided);
+            decided.as_mut().enable();
+            let joining = {
+                let mut inodes = self.inodes.lock();
+                let st = inodes.entry(ino).or_default();
+                match (&st.backing, st.through > 0, st.staged) {
+                    (Some(file), true, true) => {
+                        st.through += 1;
+                        Some(file.clone())
+                    }
+                    (_, true, false) => return Err(FsError::FileBusy),
+                    _ if st.other > 0 || !self.offering.load(Ordering::SeqCst) => {
+                        st.other += 1;
+                        return Ok((KernelIo::Daemon, Counted::Other));
+                    }
+                    _ if !st.deciding => {
+                        st.deciding = true;
+                        break;
+                    }
+                    _ => None,
+                }
+            };
+            if let Some(file) = joining {
+                joined(file.clone()).await;
+                return Ok((KernelIo::Passthrough(file), Counted::Through));
+            }
+            decided.await;
+        }
+        let file = backing().await;
+        let result = {
+            let mut inodes = self.inodes.lock();
+            let st = inodes.entry(ino).or_default();
+            st.deciding = false;
+            match file {
+                Some(f) => {
+                    let f = Arc::new(f);
+                    st.through = 1;
+                    st.staged = true;
+                    st.backing = Some(f.clone());
+                    (KernelIo::Passthrough(f), Counted::Through)
+                }
+                None => {
+                    st.other += 1;
+                    (KernelIo::Daemon, Counted::Other)
+                }
+            }
+        };
+        self.decided.notify_waiters();
+        Ok(result)
+    }
+
     /// The end of an inode's first open's decision (see [`Self::read_open`]).
     fn decide(&self, ino: Ino, key: &str, file: Option<File>) -> (KernelIo, Counted) {
         let mut inodes = self.inodes.lock();
@@ -290,6 +372,7 @@ impl Passthrough {
             {
                 let f = Arc::new(f);
                 st.through = 1;
+                st.staged = false;
                 st.backing = Some(f.clone());
                 (KernelIo::Passthrough(f), Counted::Through)
             }
@@ -359,7 +442,7 @@ mod tests {
         let off = p.read_open(1, "k", || async { Some(file()) }).await;
         assert!(!through(&off.0), "off");
         assert!(p.other_open(1).is_ok(), "off: anything goes");
-        p.enable();
+        p.enable(false);
         let (a, ca) = p.read_open(1, "k", || async { Some(file()) }).await;
         let (b, cb) = p
             .read_open(1, "k", || async { panic!("asked twice") })

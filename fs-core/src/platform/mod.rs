@@ -275,6 +275,35 @@ thread_local! {
     static INLINE_BLOCKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// The boot this process runs in: a replay in the same boot knows the kernel kept every page
+/// written before a crash (no power cut came between), so a file the kernel wrote itself is
+/// taken as it is ([`crate::write::passthrough`]). Linux's `boot_id`; elsewhere none (no
+/// passthrough there). The simulation stands in a boot of its own for each power cut.
+pub fn boot_id() -> Option<String> {
+    static REAL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if let Some(b) = BOOT_OVERRIDE.with(|b| b.borrow().clone()) {
+        return Some(b);
+    }
+    REAL.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    })
+    .clone()
+}
+
+thread_local! {
+    /// Set by the simulation (one thread per seed): the boot [`boot_id`] reports.
+    static BOOT_OVERRIDE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Stands `boot` in for the machine's boot on this thread (the simulation's power cut), or the
+/// real one again.
+pub fn set_boot_id(boot: Option<String>) {
+    BOOT_OVERRIDE.with(|b| *b.borrow_mut() = boot);
+}
+
 /// Makes [`blocking`] run its work inline on this thread (`true`) or on tokio's blocking pool
 /// (`false`, the default). Only the deterministic simulation turns it on: it runs everything
 /// on one thread with a paused clock, and a pool thread would make the schedule depend on

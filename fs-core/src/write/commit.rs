@@ -195,8 +195,14 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
             }
         })
         .await;
+        // Files the kernel writes in place say so in their records once synced (see
+        // [`Record::durable`](super::journal::Record)), in the journal sync that follows.
+        let ids: Vec<u64> = batch.files.iter().map(|(_, id, _)| *id).collect();
         let synced = match synced {
-            Ok(()) => self.journal.flush().await,
+            Ok(()) => match self.journal.mark_durable(&ids) {
+                Ok(()) => self.journal.flush().await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         synced?;

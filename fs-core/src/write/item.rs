@@ -71,6 +71,15 @@ pub(super) struct Version {
     /// replay falls back to should this one's bytes not have reached the disk (a power cut
     /// before its commit). Carried over appends that are not yet committed themselves.
     pub fallback: Option<(u64, u32)>,
+    /// The kernel wrote its file itself (FUSE passthrough): a mapping may still change the
+    /// bytes, so an upload that finds them changed takes them as they are now, and so does a
+    /// replay ([`super::passthrough`]).
+    pub live: bool,
+    /// Its CRC32C is not computed yet (closed while passthrough handles stay open): not
+    /// uploaded until the last of them is released, or an fsync, computes it.
+    pub crc_pending: bool,
+    /// Sealed while the kernel still had the file open: its bytes may change after the seal.
+    pub open: bool,
 }
 
 /// Where an item is in its life.
@@ -128,6 +137,21 @@ pub(super) struct Item {
     /// Staging files of versions superseded by one not yet committed: kept, record and file,
     /// until the commit ([`super::commit`]), so an upload that ends meanwhile leaves them.
     pub superseded_uncommitted: Vec<u64>,
+    /// Handles the kernel writes through itself (FUSE passthrough) to the working copy's file,
+    /// while any is open ([`super::passthrough`]).
+    pub through: Option<Through>,
+    /// The working copy's file was written by the kernel itself: its versions are live.
+    pub work_live: bool,
+}
+
+/// An item's passthrough handles: the kernel reads and writes the working copy's file
+/// itself, and the engine learns what changed only when asked (flush, fsync, getattr).
+pub(super) struct Through {
+    pub handles: u32,
+    /// The working copy's file, for `fstat`.
+    pub file: Arc<std::fs::File>,
+    /// Length and modification time at the last look: a change shows as a difference.
+    pub seen: (u64, SystemTime),
 }
 
 /// How many possibly-landed versions an item remembers.
@@ -206,6 +230,9 @@ impl Item {
             progress: UploadState::Staged,
             commit_gen: 0,
             fallback: None,
+            live: false,
+            crc_pending: false,
+            open: false,
         });
         rec.state = UploadState::NotSaved {
             file: self.work_id,
@@ -259,6 +286,10 @@ impl Item {
             maybe_landed: self.maybe_landed.clone(),
             seq: v.seq,
             prefix: v.fallback,
+            live: v.live,
+            unsealed: v.crc_pending || v.open,
+            durable: false,
+            boot: v.live.then(crate::platform::boot_id).flatten(),
             state: v.progress.clone(),
         }
     }
@@ -289,6 +320,9 @@ pub(super) struct Shared {
     pub charged: AtomicU64,
     /// Mirrors `Item::handles`, readable without the item's lock.
     pub open: AtomicU32,
+    /// The working copy's file while the kernel writes it itself: size and times are read
+    /// from it, not from `attr`.
+    pub backing: parking_lot::Mutex<Option<Arc<std::fs::File>>>,
 }
 
 impl Shared {
@@ -300,7 +334,23 @@ impl Shared {
             progress: watch::channel(Progress::default()).0,
             wake: tokio::sync::Notify::new(),
             charged: AtomicU64::new(0),
+            backing: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// Size and times as they are now: of the file itself while the kernel writes it
+    /// ([`super::passthrough`]), which no change through the engine would show.
+    pub fn current_attr(&self) -> LocalAttr {
+        let mut attr = *self.attr.lock();
+        if let Some(file) = self.backing.lock().as_ref() {
+            if let Ok(m) = file.metadata() {
+                attr.size = m.len();
+                if let Ok(t) = m.modified() {
+                    attr.mtime = t;
+                }
+            }
+        }
+        attr
     }
 
     /// Publishes the item's size and times after a change.

@@ -154,8 +154,48 @@ pub struct Record {
     /// fallback when this version's bytes fail their check after a power cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<(u64, u32)>,
+    /// The kernel wrote the staging file itself (FUSE passthrough): the file as it is holds
+    /// the version, whose size and CRC32C here may be stale or not yet computed (0). A replay
+    /// takes its bytes as they are ([`super::passthrough`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub live: bool,
+    /// Of a live record: the kernel still had the file open, so its bytes may have changed
+    /// after the record (and its CRC32C may not be computed yet): a replay takes the file as
+    /// it is, in any boot.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsealed: bool,
+    /// Of a live record: a commit synced the file since the kernel started writing it, so
+    /// its bytes on the disk are a state the user wrote, edited in place since at most. Set by
+    /// [`Journal::mark_durable`], and kept by every later record of the same file while it is
+    /// live. A replay after a power cut takes such a file as it is; an unsealed one that never
+    /// reached a commit is not trusted (it may be cut short or hold blocks never written).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub durable: bool,
+    /// Of a live record: the boot it was written in. A replay in another boot (a power cut
+    /// came between) checks a sealed live file against its CRC32C like any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<String>,
     #[serde(flatten)]
     pub state: UploadState,
+}
+
+/// Marks every live record `change` puts as durable when the record it replaces was.
+fn keep_durable(change: &mut Change, live: &HashMap<u64, Record>) {
+    match change {
+        Change::Put(rec) if rec.live && live.get(&rec.id).is_some_and(|r| r.live && r.durable) => {
+            rec.durable = true;
+        }
+        Change::Batch(changes) => {
+            for c in changes {
+                keep_durable(c, live);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -347,11 +387,32 @@ impl Journal {
         self.append(change).map(|_| ())
     }
 
+    /// The live records of staging files `ids` are durable (a commit just synced those
+    /// files): each unsealed one not yet marked gets a line saying so (not synced: the
+    /// commit syncs the journal next).
+    pub fn mark_durable(&self, ids: &[u64]) -> io::Result<()> {
+        let marked: Vec<Record> = {
+            let log = self.log.lock();
+            ids.iter()
+                .filter_map(|id| log.live.get(id))
+                .filter(|r| r.live && !r.durable)
+                .map(|r| Record {
+                    durable: true,
+                    ..r.clone()
+                })
+                .collect()
+        };
+        for rec in marked {
+            self.append(Change::Put(rec))?;
+        }
+        Ok(())
+    }
+
     /// Appends one line (not yet durable); returns its sequence number.
     ///
     /// The change reaches the in-memory records only once its line is whole in the log, so a
     /// failed append leaves both as they were, and the caller's error is the whole truth.
-    fn append(&self, change: Change) -> io::Result<u64> {
+    fn append(&self, mut change: Change) -> io::Result<u64> {
         #[cfg(test)]
         if take_one(&self.failing) {
             return Err(io::Error::new(
@@ -363,6 +424,9 @@ impl Journal {
         if log.poisoned {
             self.compact(&mut log)?;
         }
+        // A live file a commit made durable stays so for its later records (see
+        // [`Record::durable`]), in a batch too (a rename).
+        keep_durable(&mut change, &log.live);
         let json = serde_json::to_string(&change).map_err(io::Error::other)?;
         let text = format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes()));
         {
@@ -790,6 +854,10 @@ mod tests {
             maybe_landed: Vec::new(),
             seq: 0,
             prefix: None,
+            live: false,
+            unsealed: false,
+            durable: false,
+            boot: None,
             state,
         }
     }

@@ -34,6 +34,13 @@
 //! - **I7, clean, and mounts never hurt each other.** Temporary parts are named per cache
 //!   directory; a mount removes its own leftovers at start-up and other mounts' only once old.
 //!
+//! Files the kernel writes itself ([`passthrough`]) are edited in place by design: their
+//! versions are *live*, the staged file as it is. I1 holds for them across a crash or kill
+//! (the kernel keeps the pages) and, across a power cut, for what a commit covered (as the disk
+//! kept it, block by block, like a local file edited in place); I2 holds for the bucket, whose
+//! uploads check the bytes they send against the version's CRC32C and start over with the file
+//! as it is now when they differ.
+//!
 //! A bucket is shared (other mounts, other tools); these hold for any number of writers, and
 //! the multi-mount simulation (`fs-core/tests/sim/shared.rs`) checks them:
 //!
@@ -62,6 +69,8 @@
 //! - [`working_copy`]: a file's working copy: reads, writes, truncates, copy-on-write, space.
 //! - [`seal`]: commit (a working copy becomes an acknowledged version), close, fsync, release.
 //! - [`commit`]: when closed versions become durable against a power cut (`--commit-interval`).
+//! - [`passthrough`]: files the kernel writes itself (FUSE passthrough), and their live
+//!   versions.
 //! - [`name_changes`]: deletes and renames of files being written, and the pause that keeps
 //!   uploads out of their way (I3, I8).
 //! - [`scheduler`]: when an upload may start (write-back delay, backoff).
@@ -79,6 +88,7 @@ pub mod commit;
 pub mod item;
 pub mod journal;
 pub mod name_changes;
+pub mod passthrough;
 pub mod ranges;
 pub mod replay;
 pub mod scheduler;

@@ -345,6 +345,8 @@ impl<S: ObjectStore> WriteBack<S> {
                 })
                 .await?;
                 self.commits.synced(p.id);
+                // A file the kernel writes says so in its record (the line below keeps it).
+                self.journal.mark_durable(&[p.id])?;
                 // Durable now: an append to it falls back to it after a power cut.
                 if let Some(p) = it.pending.as_mut() {
                     p.commit_gen = 0;

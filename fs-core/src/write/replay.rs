@@ -113,6 +113,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 progress: rec.state.clone(),
                 commit_gen: 0,
                 fallback: rec.prefix,
+                live: rec.live,
+                crc_pending: false,
+                open: false,
             };
             let mut item = Item {
                 key: rec.key.clone(),
@@ -136,8 +139,14 @@ impl<S: ObjectStore> WriteBack<S> {
                 unsaved_record: None,
                 unsaved_file: None,
                 superseded_uncommitted: Vec::new(),
+                through: None,
+                work_live: rec.live,
             };
             item.sched.due_in(Duration::ZERO);
+            if rec.live {
+                // A mapping made before the stop may still write it: never reused.
+                self.in_place.lock().insert(rec.id);
+            }
             let shared = Shared::new(item);
             self.space.charge_existing(&shared.charged, rec.size);
             self.by_key.lock().insert(rec.key.clone(), shared.clone());
@@ -206,6 +215,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 let mut it = shared.item.lock().await;
                 it.work = work;
                 it.work_id = file;
+                it.work_live = false;
                 it.edits = it.committed + 1;
                 it.held = held;
                 it.unsaved_record = Some(rec.id);
@@ -241,6 +251,8 @@ impl<S: ObjectStore> WriteBack<S> {
                     unsaved_record: Some(rec.id),
                     unsaved_file: Some(file),
                     superseded_uncommitted: Vec::new(),
+                    through: None,
+                    work_live: false,
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);
@@ -264,7 +276,30 @@ impl<S: ObjectStore> WriteBack<S> {
                 continue;
             }
             let keep_tail = longer.contains(&rec.id);
-            let e = match self.verify(rec.size, rec.crc32c, &rec, keep_tail).await {
+            // A file the kernel wrote itself (see [`super::passthrough`]) is taken as it is when
+            // its pages are known to be what was written last: in the boot that wrote it (a
+            // crash or kill keeps them in the kernel). After a power cut, a sealed one is
+            // checked against its CRC32C, and one a commit made durable (edited in place
+            // since, at most) is taken as it is if that fails; an unsealed one no commit
+            // covered is not trusted, and gives way as a damaged version does.
+            let same_boot = rec.boot.is_some() && rec.boot == crate::platform::boot_id();
+            if rec.live && (same_boot || (rec.unsealed && rec.durable)) {
+                self.take_live(&mut rec).await;
+            }
+            let checked = match rec.live && rec.unsealed && !rec.durable && !same_boot {
+                true => Err(std::io::Error::other(
+                    "written in place by the kernel and never committed before a power cut",
+                )),
+                false => self.verify(rec.size, rec.crc32c, &rec, keep_tail).await,
+            };
+            let checked = match checked {
+                Err(_) if rec.live && rec.durable && !rec.unsealed => {
+                    self.take_live(&mut rec).await;
+                    self.verify(rec.size, rec.crc32c, &rec, keep_tail).await
+                }
+                other => other,
+            };
+            let e = match checked {
                 Ok(()) => {
                     chosen = Some(rec);
                     continue;
@@ -295,6 +330,35 @@ impl<S: ObjectStore> WriteBack<S> {
             self.forget_record(rec.id, false).await;
         }
         chosen
+    }
+
+    /// A version the kernel wrote itself: its file as it is now is the version (written after
+    /// the record, by a handle still open or a mapping, it holds what the user wrote last).
+    /// Its size and CRC32C are taken from it and journaled; a file that is gone stays as the
+    /// record says, for [`Self::verify`] to set aside.
+    async fn take_live(&self, rec: &mut Record) {
+        let at = self.dir.staging(rec.id);
+        let measured = crate::platform::blocking(move || {
+            let file = at.open(crate::platform::Open::new().read(true))?;
+            let len = file.metadata()?.len();
+            Ok((len, crc32c_of_file(&file, len)?))
+        })
+        .await;
+        match measured {
+            Ok((size, crc)) if (size, crc) != (rec.size, rec.crc32c) => {
+                tracing::info!(key = %rec.key, size, "a file the kernel wrote itself is taken as it is on the disk");
+                (rec.size, rec.crc32c, rec.prefix) = (size, crc, None);
+                rec.unsealed = false;
+                rec.boot = crate::platform::boot_id();
+                if let Err(e) = self.journal.put(rec).await {
+                    tracing::warn!(key = %rec.key, error = %e, "could not update a journal record");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(key = %rec.key, error = %e, "cannot read a staged file the kernel wrote itself")
+            }
+        }
     }
 
     /// Checks that the record's staging file holds its version, and cuts off anything after

@@ -27,6 +27,13 @@ impl<S: ObjectStore> WriteBack<S> {
     /// the user was told it failed): the changes stay staged, not saved, until a later close or
     /// fsync succeeds.
     pub async fn commit(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
+        self.commit_as(item, true).await
+    }
+
+    /// [`Self::commit`]; `crc: false` (a `close()`) lets a file the kernel writes itself be
+    /// sealed without its CRC32C while its passthrough handles stay open, and the last
+    /// release computes it ([`super::passthrough`]).
+    pub(super) async fn commit_as(self: &Arc<Self>, item: &ItemRef, crc: bool) -> FsResult<()> {
         loop {
             let mut it = item.0.item.lock().await;
             if it.life != Life::Live {
@@ -35,14 +42,21 @@ impl<S: ObjectStore> WriteBack<S> {
             if let Some(e) = &it.held {
                 return Err(e.clone());
             }
-            if !it.dirty() {
+            self.refresh(&item.0, &mut it);
+            let crc_now = crc || it.through.is_none();
+            let unsealed = it
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.crc_pending && p.id == it.work_id);
+            let reseal = unsealed && crc_now;
+            if !it.dirty() && !reseal {
                 return Ok(());
             }
             let size = it.work.size();
             self.reserve(&item.0, &it, size).await?;
             let missing = it.work.missing(0..size);
             if missing.is_empty() {
-                return self.seal(&item.0, &mut it).await;
+                return self.seal(&item.0, &mut it, crc_now).await;
             }
             self.fill_holes(&item.0, it, missing).await?;
         }
@@ -52,13 +66,19 @@ impl<S: ObjectStore> WriteBack<S> {
         self: &Arc<Self>,
         shared: &Arc<Shared>,
         it: &mut Item,
+        crc_now: bool,
     ) -> FsResult<()> {
         // Sealed without a sync, for the commit to make durable ([`super::commit`]); but a
         // seal that also saves changes kept as not saved syncs at once, as its line must drop
         // their record in the same breath.
         let lazy = it.unsaved_record.is_none();
+        // The kernel still writes the file itself: its CRC32C waits for the last release.
+        let crc_pending = lazy && !crc_now && it.through.is_some();
         // A failed fsync may have lost written pages: like a failed write.
-        let sealed = it.work.seal(!lazy).await.map_err(FsError::from);
+        let sealed = match crc_pending {
+            true => Ok(0),
+            false => it.work.seal(!lazy).await.map_err(FsError::from),
+        };
         let crc = match sealed {
             Ok(crc) => crc,
             Err(e) => {
@@ -77,7 +97,7 @@ impl<S: ObjectStore> WriteBack<S> {
             it.work_named = true;
         }
         let old = it.pending.take();
-        if let Some(o) = &old {
+        if let Some(o) = old.as_ref().filter(|o| !o.crc_pending) {
             // An upload of the superseded version may have landed unseen (in flight now, or
             // its answer lost): the new record remembers it, so that finding it in the bucket
             // after a crash is not taken for someone else's write.
@@ -107,19 +127,26 @@ impl<S: ObjectStore> WriteBack<S> {
             progress,
             commit_gen: 0,
             fallback: None,
+            live: it.work_live,
+            crc_pending,
+            open: it.through.is_some(),
         };
         // Appended to in place: the older version is the first bytes of the same file, and
         // the fallback after a power cut (or the one it fell back to, when it is not yet
         // durable itself).
         let appended = old.as_ref().filter(|o| o.id == v.id);
-        if lazy {
+        if lazy && !v.live {
             v.fallback = appended.and_then(|o| match self.commits.covers(o.commit_gen) {
                 true => Some((o.size, o.crc32c)),
                 false => o.fallback,
             });
         }
         let superseded = old.as_ref().filter(|o| o.id != v.id);
-        let mut changes = vec![Change::Put(it.record(&v))];
+        let mut rec = it.record(&v);
+        // Synced at once: a file the kernel writes is durable as of now (see
+        // [`super::journal::Record::durable`]).
+        rec.durable = v.live && !lazy;
+        let mut changes = vec![Change::Put(rec)];
         if !lazy {
             if let Some(o) = superseded {
                 changes.push(Change::Del(o.id));
@@ -235,7 +262,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Close of one handle: commit, then either wait for the upload (`upload_on_close`) or let
     /// it run in the background. A commit that fails keeps the changes staged (not saved).
     pub async fn close(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
-        if let Err(e) = self.commit(item).await {
+        if let Err(e) = self.commit_as(item, false).await {
             let mut it = item.0.item.lock().await;
             it.close_failed = true;
             self.keep_unsaved(&mut it).await;

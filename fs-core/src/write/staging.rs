@@ -248,10 +248,19 @@ impl StagingFile {
         Ok(())
     }
 
+    /// The file was changed behind this value's back (the kernel wrote it itself): it is now
+    /// `len` bytes, all present, their CRC32C unknown.
+    pub fn adopt(&mut self, len: u64) {
+        self.size = len;
+        self.present = RangeSet::full(0..len);
+        self.crcs = CrcRuns::default();
+        self.unflushed = 0;
+    }
+
     /// Cuts the file on disk to its size. Bytes past the end may be there (an append never
     /// acknowledged, kept by a replay that left the tail, or a write that failed part way), and
     /// growth must show zeros there, never them (I2).
-    fn cut_tail(&mut self) -> io::Result<()> {
+    pub(super) fn cut_tail(&mut self) -> io::Result<()> {
         let size = self.size;
         let fd = self.fd()?;
         if fd.metadata()?.len() > size {

@@ -51,6 +51,8 @@ enum Job {
     Refill,
     /// Empty staging file `id` and add it to the pool under a fresh id.
     Recycle(u64),
+    /// Delete staging file `id` (never reused).
+    Remove(u64),
 }
 
 /// Run before recycled files (by id) are emptied or deleted: says for each whether a live
@@ -154,7 +156,18 @@ impl StagingPool {
     /// Hands back staging file `id`, which no item uses any more (no descriptor reads it): it
     /// is reused, or deleted, once the barrier says no durable record names it.
     pub fn recycle(&self, id: u64) {
-        if self.send(Job::Recycle(id)) {
+        self.hand_back(Job::Recycle(id), id)
+    }
+
+    /// Like [`Self::recycle`], but the file is deleted, never reused: the kernel may still
+    /// write it through a mapping (a file it wrote itself, FUSE passthrough), which must not
+    /// land in another file's bytes.
+    pub fn remove(&self, id: u64) {
+        self.hand_back(Job::Remove(id), id)
+    }
+
+    fn hand_back(&self, job: Job, id: u64) {
+        if self.send(job) {
             return;
         }
         match (self.shared.barrier)(&[id]) {
@@ -219,7 +232,7 @@ impl Shared {
         let recycled: Vec<u64> = jobs
             .iter()
             .filter_map(|j| match j {
-                Job::Recycle(id) => Some(*id),
+                Job::Recycle(id) | Job::Remove(id) => Some(*id),
                 Job::Refill => None,
             })
             .collect();
@@ -259,7 +272,7 @@ impl Shared {
                         }
                     }
                 }
-                Job::Recycle(id) if keep.contains(&id) => {
+                Job::Recycle(id) | Job::Remove(id) if keep.contains(&id) => {
                     tracing::debug!(id, "a retired staging file is still named by the journal; left for the next mount");
                 }
                 Job::Recycle(id) if room > 0 => match self.reuse(&self.at(id)) {
@@ -269,7 +282,7 @@ impl Shared {
                         let _ = self.at(id).remove();
                     }
                 },
-                Job::Recycle(id) => {
+                Job::Recycle(id) | Job::Remove(id) => {
                     let _ = self.at(id).remove();
                 }
             }

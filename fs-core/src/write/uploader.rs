@@ -101,7 +101,9 @@ impl<S: ObjectStore> WriteBack<S> {
             None => return Step::Wait(None),
             Some(_) => {}
         }
-        let Some(v) = it.pending.clone() else {
+        // A version whose CRC32C is still to come (the kernel writes its file) waits for the
+        // seal that computes it, which wakes the task.
+        let Some(v) = it.pending.clone().filter(|v| !v.crc_pending) else {
             return Step::Wait(None);
         };
         let mut opts = WriteOptions {
@@ -286,6 +288,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 shared.progress.send_modify(|p| p.attempts += 1);
             }
             Err(e) => {
+                // Set when a live version was sealed again as it is now: not a failure a
+                // waiter is told of (the next attempt uploads the newer bytes).
+                let mut resealed = false;
                 self.counters.record_failure();
                 let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
                 it.note_maybe_landed(&v);
@@ -296,6 +301,17 @@ impl<S: ObjectStore> WriteBack<S> {
                         }
                         if e.kind == StoreErrorKind::Other && e.message.contains("staged bytes") {
                             p.progress = UploadState::Staged;
+                        }
+                    }
+                    let changed = e.kind == StoreErrorKind::Other
+                        && e.message.contains("staged bytes")
+                        && it.pending.as_ref().is_some_and(|p| p.live);
+                    if changed {
+                        match self.reseal_live(shared, &mut it).await {
+                            Ok(()) => resealed = true,
+                            Err(re) => {
+                                tracing::warn!(key = %it.key, error = %re, "cannot seal again a file the kernel changed")
+                            }
                         }
                     }
                     if let Some(p) = it.pending.clone() {
@@ -319,6 +335,10 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "upload failed; the file stays staged and will be retried");
                 shared.progress.send_modify(|p| {
+                    if resealed {
+                        p.attempts += 1;
+                        return;
+                    }
                     p.error = Some(e.to_string());
                     p.failed_seq = v.seq;
                     p.attempts += 1;

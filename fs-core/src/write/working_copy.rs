@@ -126,6 +126,11 @@ impl<S: ObjectStore> WriteBack<S> {
     /// names (the pending version's, or the changes kept as not saved): edit a copy of its
     /// first `len` bytes instead, where what was present stays present and nothing else is.
     pub(super) async fn copy_on_write(&self, it: &mut Item, len: u64) -> FsResult<()> {
+        if it.through.is_some() {
+            // The kernel writes this very file: it is edited in place, and what records name
+            // in it is live ([`super::passthrough`]).
+            return Ok(());
+        }
         let (id, copy, named) = if len == 0 {
             self.new_staging(0, RangeSet::new()).await?
         } else {
@@ -140,6 +145,8 @@ impl<S: ObjectStore> WriteBack<S> {
         it.work = copy;
         it.work_id = id;
         it.work_named = named;
+        // A file of ours alone: the kernel never wrote this one itself.
+        it.work_live = false;
         Ok(())
     }
 
@@ -243,9 +250,11 @@ impl<S: ObjectStore> WriteBack<S> {
         len: u64,
     ) -> FsResult<()> {
         self.settle_forgotten(it).await?;
+        self.refresh(shared, it);
         self.detach_from_unsaved(it, len).await?;
         match it.pending.as_ref().map(|p| (p.id, p.size)) {
-            Some((id, size)) if id == it.work_id && len < size => {
+            // The kernel writes the file itself: it is changed in place, its version live.
+            Some((id, size)) if id == it.work_id && len < size && it.through.is_none() => {
                 self.reserve_bytes(shared, len + size).await?;
                 self.copy_on_write(it, len).await?;
             }
@@ -263,7 +272,9 @@ impl<S: ObjectStore> WriteBack<S> {
 
     pub async fn set_mtime(&self, item: &ItemRef, mtime: SystemTime) {
         let mut it = item.0.item.lock().await;
+        self.refresh(&item.0, &mut it);
         it.mtime = mtime;
+        Self::set_through_mtime(&mut it, mtime);
         it.edits += 1;
         item.0.publish(&it);
     }
@@ -282,7 +293,8 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Whether nothing was changed through `item` yet: it still equals the object it was
     /// opened from, so a time or mode change can patch that object instead.
     pub async fn is_unchanged(&self, item: &ItemRef) -> bool {
-        let it = item.0.item.lock().await;
+        let mut it = item.0.item.lock().await;
+        self.refresh(&item.0, &mut it);
         it.edits == 0 && it.pending.is_none() && it.base.as_ref().is_some_and(|(k, _)| *k == it.key)
     }
 
@@ -303,6 +315,6 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     pub fn size(&self, item: &ItemRef) -> u64 {
-        item.0.attr.lock().size
+        item.0.current_attr().size
     }
 }

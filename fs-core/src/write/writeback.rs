@@ -118,6 +118,9 @@ pub struct WriteBack<S: ObjectStore> {
     pub(super) paused_keys: parking_lot::Mutex<Vec<(String, bool)>>,
     /// Closed versions not yet durable against a power cut ([`super::commit`]).
     pub(super) commits: Arc<Commits>,
+    /// Staging files the kernel wrote itself ([`super::passthrough`]): deleted when let go,
+    /// never reused, as a mapping of one may still be written.
+    pub(super) in_place: parking_lot::Mutex<std::collections::HashSet<u64>>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -172,6 +175,7 @@ impl<S: ObjectStore> WriteBack<S> {
             cleanups: Arc::new(AtomicU64::new(0)),
             paused_keys: parking_lot::Mutex::new(Vec::new()),
             commits: Commits::new(cfg_commit_interval),
+            in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }))
     }
 
@@ -291,6 +295,8 @@ impl<S: ObjectStore> WriteBack<S> {
                 unsaved_record: None,
                 unsaved_file: None,
                 superseded_uncommitted: Vec::new(),
+                through: None,
+                work_live: false,
             };
             let shared = Shared::new(item);
             {
@@ -328,7 +334,7 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Size and mtime of `key` if it is being written. Takes no file lock.
     pub fn local_attr(&self, key: &str) -> Option<LocalAttr> {
-        self.live(key).map(|s| *s.attr.lock())
+        self.live(key).map(|s| s.current_attr())
     }
 
     /// Keys being written directly under `prefix` (a directory), as names with their
@@ -349,7 +355,7 @@ impl<S: ObjectStore> WriteBack<S> {
             .lock()
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, s)| (k.clone(), *s.attr.lock()))
+            .map(|(k, s)| (k.clone(), s.current_attr()))
             .collect()
     }
 
@@ -377,7 +383,11 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Hands staging file `id`, which no item uses any more, to the pool: reused (or deleted)
     /// once no durable journal record names it.
     pub(super) fn recycle(&self, id: u64) {
-        self.pool.recycle(id);
+        if self.in_place.lock().remove(&id) {
+            self.pool.remove(id);
+        } else {
+            self.pool.recycle(id);
+        }
     }
 
     /// Makes every journal change so far durable. A namespace change calls it before it

@@ -27,6 +27,7 @@ fn scenario_params(delay_ms: u64) -> Params {
         offline_episodes: false,
         commit_interval: Duration::from_secs(1),
         sync_on_close: false,
+        passthrough: false,
     }
 }
 

@@ -1,0 +1,264 @@
+//! Files the kernel writes itself (`write/passthrough.rs`): the tests stand in for the kernel
+//! by writing the backing file an open hands out, and tell the engine only what the kernel
+//! would (flush, fsync, getattr, release). Bytes are checked in the bucket.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::namespace::ROOT_INO;
+use crate::store::memory::MemoryStore;
+
+use super::tests::W;
+
+const R: OpenMode = OpenMode {
+    write: false,
+    truncate: false,
+    process: None,
+};
+
+fn wcfg(cache: &std::path::Path, delay: Duration) -> WriteConfig {
+    let mut w = WriteConfig::new(cache.to_path_buf());
+    w.write_back_delay = delay;
+    w
+}
+
+fn mount(store: &Arc<MemoryStore>, w: WriteConfig) -> Filesystem<MemoryStore> {
+    let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap();
+    assert!(fs.enable_passthrough(), "files being written pass through");
+    fs
+}
+
+/// The backing file of a passthrough open.
+fn backing(o: &Opened) -> Arc<std::fs::File> {
+    match &o.io {
+        KernelIo::Passthrough(f) => f.clone(),
+        KernelIo::Daemon => panic!("not passed through"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_kernels_writes_are_taken_at_close_and_sealed_at_the_last_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let (attr, w) = fs.create(ROOT_INO, "f").await.unwrap();
+    let file = backing(&w);
+    file.write_all_at(b"hello, ", 0).unwrap();
+    assert_eq!(
+        fs.getattr(attr.ino).await.unwrap().size,
+        7,
+        "getattr: the file's size"
+    );
+    // A reader joins, on the same file; a writer too.
+    let r = fs.open(attr.ino, R).await.unwrap();
+    assert!(Arc::ptr_eq(&backing(&r), &file));
+    let w2 = fs.open(attr.ino, W).await.unwrap();
+    assert!(Arc::ptr_eq(&backing(&w2), &file));
+    file.write_all_at(b"world", 7).unwrap();
+    // A close while handles stay open: journaled, but not uploaded (its CRC32C is to come).
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        store.object_bytes("f").is_none(),
+        "not before the last release"
+    );
+    // A truncate through the daemon cuts the same file.
+    fs.setattr(attr.ino, Some(11), None, Some(w2.fh))
+        .await
+        .unwrap();
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 11);
+    fs.flush(w2.fh).await.unwrap();
+    fs.release(w2.fh).await;
+    fs.release(r.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"hello, worl");
+}
+
+/// A crash while the kernel still writes the file (a close made, handles open): the next
+/// mount takes the staged file as it is, every byte written before the crash.
+#[test]
+fn a_crash_with_the_file_open_replays_it_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let (a, b) = (vec![1u8; 70_000], vec![2u8; 30_000]);
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+        let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+        let file = backing(&w);
+        file.write_all_at(&a, 0).unwrap();
+        fs.flush(w.fh).await.unwrap();
+        file.write_all_at(&b, a.len() as u64).unwrap();
+        // The crash: no release, no drain.
+        drop(fs);
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        assert_eq!(fs.start().await.unwrap(), 1);
+        assert_eq!(fs.drain(false).await, 0);
+    });
+    let want: Vec<u8> = a.iter().chain(&b).copied().collect();
+    assert_eq!(store.object_bytes("f").unwrap(), want);
+}
+
+/// A store through a shared mapping after the last release (the kernel maps the backing file
+/// itself): the upload finds the bytes changed since the seal, and uploads them as they are
+/// now, never the seal's CRC32C over other bytes.
+#[tokio::test(start_paused = true)]
+async fn a_store_after_the_release_is_uploaded_as_it_is_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(
+        &store,
+        wcfg(&dir.path().join("c"), Duration::from_secs(3600)),
+    );
+    let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+    let file = backing(&w);
+    file.write_all_at(&[3u8; 50_000], 0).unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    // The mapping's store, after the release sealed the file.
+    file.write_all_at(&[4u8; 100], 1000).unwrap();
+    assert_eq!(fs.drain(false).await, 0);
+    let mut want = vec![3u8; 50_000];
+    want[1000..1100].copy_from_slice(&[4u8; 100]);
+    assert_eq!(store.object_bytes("f").unwrap(), want);
+}
+
+/// fsync while the kernel writes the file returns with it in the bucket; a write after it is
+/// uploaded after the last release.
+#[tokio::test(start_paused = true)]
+async fn fsync_of_an_open_passthrough_file_uploads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(
+        &store,
+        wcfg(&dir.path().join("c"), Duration::from_secs(3600)),
+    );
+    let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+    let file = backing(&w);
+    file.write_all_at(b"synced", 0).unwrap();
+    fs.fsync(w.fh).await.unwrap();
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"synced");
+    file.write_all_at(b" and more", 6).unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"synced and more");
+}
+
+/// Only a file whose bytes are all local, with no version pending, passes through: an open of
+/// an object not fetched, or of a file whose last close is still to be uploaded, goes through
+/// the daemon, and so does every open beside it.
+#[tokio::test(start_paused = true)]
+async fn files_not_wholly_local_or_with_a_version_pending_go_through_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("old", vec![5u8; 10_000]);
+    let fs = mount(
+        &store,
+        wcfg(&dir.path().join("c"), Duration::from_secs(3600)),
+    );
+    let old = fs.lookup(ROOT_INO, "old").await.unwrap().ino;
+    let h = fs.open(old, W).await.unwrap();
+    assert!(matches!(h.io, KernelIo::Daemon), "bytes not local");
+    fs.write(h.fh, 0, b"x").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    let (attr, w) = fs.create(ROOT_INO, "new").await.unwrap();
+    backing(&w).write_all_at(b"abc", 0).unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    // Its version waits for the bucket: the next open (and one beside it) through the daemon.
+    let a = fs.open(attr.ino, W).await.unwrap();
+    let b = fs.open(attr.ino, R).await.unwrap();
+    assert!(matches!(a.io, KernelIo::Daemon));
+    assert!(matches!(b.io, KernelIo::Daemon));
+    fs.write(a.fh, 3, b"def").await.unwrap();
+    fs.flush(a.fh).await.unwrap();
+    fs.release(a.fh).await;
+    fs.release(b.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("new").unwrap()[..], b"abcdef");
+    let mut want = vec![5u8; 10_000];
+    want[0] = b'x';
+    assert_eq!(store.object_bytes("old").unwrap(), want);
+}
+
+/// A power cut (another boot) after the kernel wrote a file and a close journaled it: if no
+/// commit synced the file since, its bytes are not trusted (they may be cut short, as here),
+/// and the bucket keeps its last whole version; once a commit did, the file is taken as the
+/// disk kept it.
+#[test]
+fn after_a_power_cut_a_file_written_in_place_counts_only_once_committed() {
+    for committed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("c");
+        let store = Arc::new(MemoryStore::new());
+        store.insert("f", b"old and whole".to_vec());
+        let new = vec![6u8; 80_000];
+        let rt = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        crate::platform::set_boot_id(Some("before".into()));
+        let staged = rt().block_on(async {
+            let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+            let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+            let w = fs.open(ino, super::tests::WT).await.unwrap();
+            let file = backing(&w);
+            file.write_all_at(&new, 0).unwrap();
+            fs.flush(w.fh).await.unwrap();
+            if committed {
+                tokio::time::sleep(Duration::from_millis(1100)).await;
+            }
+            let staged = fs.power_cut_exposure().unwrap().files;
+            drop(fs);
+            staged
+        });
+        assert_eq!(
+            staged.len(),
+            usize::from(!committed),
+            "committed {committed}"
+        );
+        // The cut: the file lost its tail (it was never synced, or the in-place edits after
+        // the commit are what is lost).
+        let path = std::fs::read_dir(cache.join("staging"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| std::fs::metadata(p).unwrap().len() == new.len() as u64)
+            .expect("the staging file");
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(1000).unwrap();
+        drop(f);
+        crate::platform::set_boot_id(Some("after".into()));
+        rt().block_on(async {
+            let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+            fs.start().await.unwrap();
+            assert_eq!(fs.drain(false).await, 0);
+        });
+        crate::platform::set_boot_id(None);
+        let want = match committed {
+            true => new[..1000].to_vec(),
+            false => b"old and whole".to_vec(),
+        };
+        assert_eq!(
+            store.object_bytes("f").unwrap(),
+            want,
+            "committed {committed}"
+        );
+    }
+}

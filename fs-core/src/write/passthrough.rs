@@ -1,0 +1,203 @@
+//! Files the kernel writes itself (FUSE passthrough): when a working copy may be handed to the
+//! kernel, how the engine learns what the kernel wrote, and what a version made that way is.
+//!
+//! A passthrough handle reads and writes the working copy's staging file without a request to
+//! the daemon. The engine hears of the file only at `flush` (every `close()`), `fsync`,
+//! `getattr`, a truncate and the last release; each time it looks at the file (`fstat`) and,
+//! when its length or modification time moved, takes it as changed ([`WriteBack::refresh`]).
+//!
+//! - **Who passes through.** A working copy that holds every byte of the file (a new file, an
+//!   `O_TRUNC` open, a file staged whole) with no version of it pending, nothing kept as not
+//!   saved and nothing held, opened when no other handle of it is: then no journal record
+//!   vouches for bytes the kernel could change. Not on a mount with `--cache-size`, whose
+//!   accounting cannot see the kernel's writes as they happen.
+//! - **A live version.** A `close()` while passthrough handles stay open journals the file as
+//!   it is, without its CRC32C (computing it would read the whole file before `close()`
+//!   returns): such a version is never uploaded until the last handle's release, or an
+//!   `fsync`, seals it with its CRC32C (the release comes after `close()` returned). Its
+//!   record is *live*: the staging file, as it is, is the version, because the kernel may
+//!   still write it (handles open, or a shared mapping, whose stores can land after the
+//!   release). So a replay takes the file as it finds it (`replay`), and an upload that finds
+//!   the bytes changed since the seal takes them as they are now, as the newest version, and
+//!   starts again (I2: what is uploaded is always one state of the file the user wrote, never
+//!   a mix of two uploads).
+//! - **I1.** The staging file is written in place, so a crash loses nothing written before it:
+//!   the kernel holds the pages. A power cut leaves each block of it as the disk had it: like
+//!   a local file edited in place, and unlike a file written through the daemon, whose last
+//!   acknowledged version is kept whole.
+//! - **Bytes no longer change in place** once the last passthrough handle is gone: a later
+//!   writer through the daemon edits a copy, as for any pending version.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::item::{Item, ItemRef, Life, Shared, Through};
+use super::writeback::WriteBack;
+use crate::error::FsResult;
+use crate::store::ObjectStore;
+
+/// Length and modification time of a file, as the engine compares them.
+fn stat(file: &File) -> std::io::Result<(u64, SystemTime)> {
+    let m = file.metadata()?;
+    Ok((m.len(), m.modified()?))
+}
+
+impl<S: ObjectStore> WriteBack<S> {
+    /// Whether files being written may pass through on this mount: not with `--cache-size`,
+    /// whose accounting cannot see the kernel's writes as they happen.
+    pub fn passthrough_allowed(&self) -> bool {
+        self.cfg.cache_size.is_none()
+    }
+
+    /// The working copy's file for the kernel to read and write itself, if `item` may pass
+    /// through now (see the module doc); its first passthrough handle is counted.
+    pub async fn passthrough_file(&self, item: &ItemRef) -> Option<File> {
+        if self.cfg.cache_size.is_some() {
+            return None;
+        }
+        let mut it = item.0.item.lock().await;
+        let eligible = it.life == Life::Live
+            && it.handles == 1
+            && it.through.is_none()
+            && it.pending.is_none()
+            && it.held.is_none()
+            && it.unsaved_record.is_none()
+            && !it.forgotten_unsynced
+            && it.work.is_complete();
+        if !eligible {
+            return None;
+        }
+        let opened = (|| {
+            // Bytes past the end (never acknowledged) must not show through the kernel.
+            it.work.cut_tail()?;
+            let file = it.work.clone_file()?;
+            let seen = stat(&file)?;
+            Ok::<_, std::io::Error>((file, seen))
+        })();
+        let (file, seen) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(key = %it.key, error = %e, "no passthrough for the file");
+                return None;
+            }
+        };
+        let for_kernel = file.try_clone().ok()?;
+        let file = Arc::new(file);
+        *item.0.backing.lock() = Some(file.clone());
+        it.through = Some(Through {
+            handles: 1,
+            file,
+            seen,
+        });
+        it.work_live = true;
+        self.in_place.lock().insert(it.work_id);
+        Some(for_kernel)
+    }
+
+    /// Another handle of `item` joins its passthrough handles, on `file` (the kernel gives
+    /// every handle of an inode the same backing file). Should the last of them have let go
+    /// of the item meanwhile, this one takes it up again: the file is the same working copy,
+    /// and a version sealed since is live.
+    pub async fn join_passthrough(&self, item: &ItemRef, file: Arc<File>) {
+        let mut it = item.0.item.lock().await;
+        match it.through.as_mut() {
+            Some(t) => t.handles += 1,
+            None => {
+                let seen = stat(&file).unwrap_or((u64::MAX, SystemTime::UNIX_EPOCH));
+                *item.0.backing.lock() = Some(file.clone());
+                it.through = Some(Through {
+                    handles: 1,
+                    file,
+                    seen,
+                });
+            }
+        }
+    }
+
+    /// One passthrough handle of `item` is gone (released, or refused by the kernel): with
+    /// the last, the engine takes the file's final state and goes back to doing its I/O.
+    pub async fn leave_passthrough(&self, item: &ItemRef) {
+        let mut it = item.0.item.lock().await;
+        self.refresh(&item.0, &mut it);
+        let last = match it.through.as_mut() {
+            Some(t) => {
+                t.handles = t.handles.saturating_sub(1);
+                t.handles == 0
+            }
+            None => false,
+        };
+        if last {
+            it.through = None;
+            *item.0.backing.lock() = None;
+        }
+    }
+
+    /// Takes what the kernel wrote to a passthrough file since the last look: when its length
+    /// or modification time moved, the working copy is that file as it is (its CRC32C unknown
+    /// until a seal computes it), changed, with the file's modification time.
+    pub(super) fn refresh(&self, shared: &Shared, it: &mut Item) {
+        let Some(t) = it.through.as_mut() else {
+            return;
+        };
+        let now = match stat(&t.file) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(key = %it.key, error = %e, "cannot look at a file the kernel writes");
+                return;
+            }
+        };
+        if now == t.seen {
+            return;
+        }
+        t.seen = now;
+        it.work.adopt(now.0);
+        it.mtime = now.1;
+        it.edits += 1;
+        shared.publish(it);
+        self.recharge(shared, it);
+    }
+
+    /// Sets a passthrough file's modification time on the file itself, where `getattr` reads
+    /// it, and takes that as seen (a time set is not a change of the bytes).
+    pub(super) fn set_through_mtime(it: &mut Item, mtime: SystemTime) {
+        if let Some(t) = it.through.as_mut() {
+            if let Err(e) = t.file.set_modified(mtime) {
+                tracing::warn!(key = %it.key, error = %e, "cannot set the time of a file the kernel writes");
+            }
+            if let Ok(s) = stat(&t.file) {
+                t.seen = s;
+            }
+        }
+    }
+
+    /// An upload found the bytes of a live version changed since its seal (a mapping stored
+    /// into them after the release): the file as it is now is the version, sealed again in
+    /// place, and the upload starts over. Its record follows.
+    pub(super) async fn reseal_live(&self, shared: &Shared, it: &mut Item) -> FsResult<()> {
+        let Some(v) = it.pending.as_ref().filter(|v| v.live) else {
+            return Ok(());
+        };
+        let (id, at) = (v.id, self.dir.staging(v.id));
+        let (size, crc) = crate::platform::blocking(move || {
+            let file = at.open(crate::platform::Open::new().read(true))?;
+            let len = file.metadata()?.len();
+            Ok((len, super::staging::crc32c_of_file(&file, len)?))
+        })
+        .await?;
+        tracing::info!(key = %it.key, size, "a file the kernel wrote changed after it was sealed; it is uploaded as it is now");
+        if it.work_id == id && it.through.is_none() {
+            it.work.adopt(size);
+            shared.publish(it);
+        }
+        let Some(mut v) = it.pending.take() else {
+            return Ok(());
+        };
+        (v.size, v.crc32c, v.fallback) = (size, crc, None);
+        v.progress = super::journal::UploadState::Staged;
+        let rec = it.record(&v);
+        it.pending = Some(v);
+        self.journal.put(&rec).await?;
+        Ok(())
+    }
+}

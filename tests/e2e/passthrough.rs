@@ -1,0 +1,179 @@
+//! End-to-end writes the kernel makes itself (FUSE passthrough, `--passthrough on`, root
+//! mounts): a new or rewritten file is read and written straight in its staged copy, while the
+//! daemon's write and read counters do not move; what reaches the bucket is what was written.
+
+use bucketdrive_tests::{
+    metric, random_bytes, sha256, wait_for_log, wait_for_object, Emulator, Mount, Result,
+};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+
+const MIB: usize = 1024 * 1024;
+const WRITTEN: &str = "bucketdrive_written_bytes_total";
+const READ: &str = "bucketdrive_read_bytes_total";
+const OPENS: &str = "bucketdrive_passthrough_opens_total";
+
+fn setup(bucket: &str) -> Result<Emulator> {
+    let emu = Emulator::start()?;
+    emu.create_bucket(bucket)?;
+    Ok(emu)
+}
+
+/// A mount with `--passthrough on` and a metrics address, plus `extra`.
+fn mount(emu: &Emulator, bucket: &str, extra: &[&str]) -> Result<(Mount, String)> {
+    let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+    let mut args = vec!["--passthrough", "on", "--metrics-addr", &addr];
+    args.extend_from_slice(extra);
+    let m = Mount::new(emu, bucket, &args)?;
+    Ok((m, addr))
+}
+
+/// Writes, appends through a second handle, a truncate, a store through a shared mapping, and
+/// a reader beside the writer: all in the staged copy by the kernel, the daemon's counters
+/// still; `stat` shows the size as it grows; the bucket gets exactly the bytes written.
+#[test]
+fn a_new_file_is_written_and_read_by_the_kernel_itself() -> Result<()> {
+    let emu = setup("ptw")?;
+    let (m, addr) = mount(&emu, "ptw", &["--write-back-delay", "0s"])?;
+    wait_for_log(&m, "and reads and writes files being written")?;
+    let path = m.path().join("f.bin");
+    let mut want = random_bytes(6 * MIB + 123, 1);
+    let mut w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    assert_eq!(metric(&addr, OPENS)?, 1.0, "the create passed through");
+    for chunk in want.chunks(MIB / 4) {
+        w.write_all(chunk)?;
+    }
+    assert_eq!(std::fs::metadata(&path)?.len(), want.len() as u64, "stat");
+    // A second handle joins (the kernel gives both one backing file) and appends.
+    let mut a = std::fs::OpenOptions::new().append(true).open(&path)?;
+    let tail = random_bytes(MIB + 7, 2);
+    a.write_all(&tail)?;
+    want.extend_from_slice(&tail);
+    // A reader beside them reads what they wrote.
+    let mut r = std::fs::File::open(&path)?;
+    let mut got = Vec::new();
+    r.read_to_end(&mut got)?;
+    assert_eq!(sha256(&got), sha256(&want), "a reader beside the writers");
+    assert_eq!(metric(&addr, OPENS)?, 3.0);
+    // ftruncate: the daemon cuts the same file.
+    w.set_len(5 * MIB as u64)?;
+    want.truncate(5 * MIB);
+    assert_eq!(std::fs::metadata(&path)?.len(), want.len() as u64);
+    // A store through a shared mapping.
+    let len = want.len();
+    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            w.as_raw_fd(),
+            0,
+        )
+    };
+    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    // SAFETY: the mapping made above, `len` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, len) };
+    let patch = random_bytes(9_000, 3);
+    bytes[MIB..MIB + patch.len()].copy_from_slice(&patch);
+    want[MIB..MIB + patch.len()].copy_from_slice(&patch);
+    // SAFETY: as above; no longer used.
+    unsafe {
+        libc::msync(map, len, libc::MS_SYNC);
+        libc::munmap(map, len);
+    }
+    w.write_all_at(b"end", len as u64 - 3)?;
+    want[len - 3..].copy_from_slice(b"end");
+    drop((w, a, r));
+    wait_for_object(&emu, "ptw", "f.bin", &sha256(&want), 60)?;
+    assert_eq!(metric(&addr, WRITTEN)?, 0.0, "the daemon wrote nothing");
+    assert_eq!(metric(&addr, READ)?, 0.0, "the daemon read nothing");
+    m.unmount()
+}
+
+/// A rewrite of an existing object (`O_TRUNC`) passes through too; fsync returns with it in
+/// the bucket, and a write after the fsync is uploaded at close.
+#[test]
+fn a_rewrite_passes_through_and_fsync_keeps_its_meaning() -> Result<()> {
+    let emu = setup("ptr")?;
+    emu.put("ptr", "old.bin", &random_bytes(3 * MIB, 4))?;
+    let (m, addr) = mount(&emu, "ptr", &["--write-back-delay", "1h"])?;
+    let path = m.path().join("old.bin");
+    let first = random_bytes(2 * MIB + 5, 5);
+    let mut f = std::fs::File::create(&path)?;
+    f.write_all(&first)?;
+    f.sync_all()?;
+    assert_eq!(sha256(&emu.get("ptr", "old.bin")?), sha256(&first), "fsync");
+    let more = random_bytes(MIB, 6);
+    f.write_all(&more)?;
+    drop(f);
+    let mut want = first;
+    want.extend_from_slice(&more);
+    assert_eq!(metric(&addr, WRITTEN)?, 0.0);
+    assert!(metric(&addr, OPENS)? >= 1.0);
+    // The unmount uploads what waits.
+    m.unmount()?;
+    assert_eq!(sha256(&emu.get("ptr", "old.bin")?), sha256(&want));
+    Ok(())
+}
+
+/// A kill after passthrough writes and their close, before any upload: the next mount uploads
+/// the last closed bytes, exactly.
+#[test]
+fn a_crash_after_passthrough_writes_loses_nothing_closed() -> Result<()> {
+    let emu = setup("ptc")?;
+    let cache = tempfile::tempdir()?;
+    let args = ["--passthrough", "on", "--write-back-delay", "1h"];
+    let m = Mount::with_cache(&emu, "ptc", cache.path(), &args)?;
+    let mut want = Vec::new();
+    for i in 0..5 {
+        let data = random_bytes(100_000 + i * 700_001, 10 + i as u64);
+        std::fs::write(m.path().join(format!("c{i}")), &data)?;
+        want.push((format!("c{i}"), sha256(&data)));
+    }
+    // One rewritten twice: the second close is the one that counts.
+    let last = random_bytes(333_333, 20);
+    std::fs::write(m.path().join("c0"), random_bytes(444_444, 21))?;
+    std::fs::write(m.path().join("c0"), &last)?;
+    want[0].1 = sha256(&last);
+    assert!(emu.keys("ptc")?.is_empty(), "nothing uploaded yet");
+    m.crash()?;
+    let m = Mount::with_cache(&emu, "ptc", cache.path(), &["--write-back-delay", "0s"])?;
+    for (name, sha) in &want {
+        wait_for_object(&emu, "ptc", name, sha, 60)?;
+    }
+    m.unmount()
+}
+
+/// `--passthrough off`, and a mount with `--cache-size`, write through the daemon as before.
+#[test]
+fn without_passthrough_writes_go_through_the_daemon() -> Result<()> {
+    let emu = setup("ptoff")?;
+    let data = random_bytes(3 * MIB + 1, 30);
+    for (i, extra) in [&["--passthrough", "off"][..], &["--cache-size", "1GiB"][..]]
+        .iter()
+        .enumerate()
+    {
+        let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+        let mut args = vec!["--metrics-addr", &addr, "--write-back-delay", "0s"];
+        args.extend_from_slice(extra);
+        if i == 1 {
+            args.extend_from_slice(&["--passthrough", "on"]);
+        }
+        let m = Mount::new(&emu, "ptoff", &args)?;
+        let name = format!("f{i}");
+        std::fs::write(m.path().join(&name), &data)?;
+        wait_for_object(&emu, "ptoff", &name, &sha256(&data), 60)?;
+        assert_eq!(metric(&addr, OPENS)?, 0.0);
+        assert_eq!(metric(&addr, WRITTEN)?, data.len() as f64);
+        m.unmount()?;
+    }
+    Ok(())
+}
