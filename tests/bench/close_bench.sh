@@ -68,7 +68,7 @@ cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 timed_dd() {  # SRC DST BS [dd flags...]: seconds until dd returns
   local src=$1 dst=$2 bs=$3 s e
   shift 3
-  sync
+  sync; sleep 1
   s=$(now); dd if="$src" of="$dst" bs="$bs" status=none "$@"; e=$(now)
   awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
 }
@@ -77,65 +77,85 @@ declare -A R
 add() { R[$1]="${R[$1]:-} $2"; }
 med() { echo "${R[$1]:-}" | tr ' ' '\n' | grep -v '^$' | median; }
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+# Times one dd onto the cache disk and then the same onto the mount, one right after the other
+# (this disk's speed drifts from minute to minute, so each figure is compared with its own
+# baseline): records both and their ratio.
+pair() {  # KEY LOCAL-TARGET MOUNT-TARGET SRC BS [dd flags...]; LOCAL_FLAGS: the local dd's own
+  local key=$1 lt=$2 mt=$3 src=$4 bs=$5 l b
+  shift 5
+  # shellcheck disable=SC2086
+  l=$(timed_dd "$src" "$lt" "$bs" "$@" ${LOCAL_FLAGS:-})
+  b=$(timed_dd "$src" "$mt" "$bs" "$@")
+  add "${key}_local" "$l"; add "$key" "$b"; add "${key}_r" "$(ratio "$b" "$l")"
+}
+
 # One mount's rows: dd bs=1M (with its daemon CPU), dd bs=4k, and dd bs=4k over an object
 # whose bytes are not local (a fresh cache, conv=notrunc: the edit of an existing file).
 bd_rows() {  # PREFIX [mount options...]
   local p=$1 c0 c1
   shift
   bd_mount "$@"
-  c0=$(cpu_s "$PID")
-  add "${p}" "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
-  c1=$(cpu_s "$PID")
-  add "${p}_cpu" "$(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }')"
-  add "${p}_4k" "$(timed_dd "$WORK/src-small" "$MNT/small" 4k)"
+  # Three pairs in one mount: the disk's drift shows in the spread. Each dd starts with
+  # nothing in flight (the last one's upload would compete with it).
+  for i in 1 2 3; do
+    c0=$(cpu_s "$PID")
+    pair "${p}" "$WORK/local/f" "$MNT/big$i" "$WORK/src" 1M; rm -f "$WORK/local/f"
+    c1=$(cpu_s "$PID")
+    add "${p}_cpu" "$(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }')"
+    "$BD" status --wait "$MNT" >/dev/null
+    check "big$i" "$SHA"
+  done
+  pair "${p}_4k" "$WORK/local/f" "$MNT/small" "$WORK/src-small" 4k; rm -f "$WORK/local/f"
   "$BD" status --wait "$MNT" >/dev/null
-  check big "$SHA"; check small "$SMALL_SHA"
+  check small "$SMALL_SHA"
   bd_unmount
   bd_mount "$@"
-  add "${p}_edit" "$(timed_dd "$WORK/src-edit" "$MNT/small" 4k conv=notrunc)"
+  cp "$WORK/src-small" "$WORK/local/f"
+  pair "${p}_edit" "$WORK/local/f" "$MNT/small" "$WORK/src-edit" 4k conv=notrunc
+  rm -f "$WORK/local/f"
   "$BD" status --wait "$MNT" >/dev/null
   check small "$EDIT_SHA"
   bd_unmount
-  delete_object big; delete_object small
+  delete_object big1; delete_object big2; delete_object big3; delete_object small
 }
 
 for r in $(seq "$RUNS"); do
-  echo "run $r/$RUNS: local" >&2
-  add local "$(timed_dd "$WORK/src" "$WORK/local/f" 1M)"; rm -f "$WORK/local/f"
-  add local_fsync "$(timed_dd "$WORK/src" "$WORK/local/f" 1M conv=fsync)"; rm -f "$WORK/local/f"
-  add local_4k "$(timed_dd "$WORK/src-small" "$WORK/local/f" 4k)"
-  add local_edit "$(timed_dd "$WORK/src-edit" "$WORK/local/f" 4k conv=notrunc)"; rm -f "$WORK/local/f"
-
   echo "run $r/$RUNS: bucketdrive" >&2
   bd_rows bd
   echo "run $r/$RUNS: bucketdrive --passthrough on" >&2
   bd_rows pt --passthrough on
-
   for opt in "" "--passthrough on"; do
     echo "run $r/$RUNS: bucketdrive --sync-on-close $opt" >&2
     # shellcheck disable=SC2086
     bd_mount --sync-on-close $opt
-    add "sync${opt:+_pt}" "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
-    "$BD" status --wait "$MNT" >/dev/null
-    check big "$SHA"
+    # The same durability at close: the local dd syncs its file before it closes it.
+    for i in 1 2 3; do
+      LOCAL_FLAGS=conv=fsync pair "sync${opt:+_pt}" "$WORK/local/f" "$MNT/big$i" "$WORK/src" 1M
+      rm -f "$WORK/local/f"
+      "$BD" status --wait "$MNT" >/dev/null
+      check "big$i" "$SHA"
+    done
     bd_unmount
-    delete_object big
+    delete_object big1; delete_object big2; delete_object big3
   done
 done
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-row() {  # NAME BASELINE-LABEL BASELINE BD PT
-  echo "| $1 | $3 ($2) | $4 | $(ratio "$4" "$3") | $5 | $(ratio "$5" "$3") |"
+row() {  # NAME BASELINE-LABEL DEFAULT-KEY PASSTHROUGH-KEY
+  echo "| $1 | $(med "${3}_local") ($2) | $(med "$3") | $(med "${3}_r") | $(med "${4}_local") | $(med "$4") | $(med "${4}_r") |"
 }
 echo
-echo "Until close() returns, root mount, emulator on loopback; median of $RUNS runs; seconds"
+echo "Until close() returns, root mount, emulator on loopback; seconds, medians of $RUNS runs (3 pairs"
+echo "each for bs=1M); each"
+echo "bucketdrive dd right after the same dd onto the cache disk, and ÷ the median of those pairs' ratios"
 echo
-echo "| workload | baseline (cache disk) | default | ÷ baseline | --passthrough on | ÷ baseline |"
-echo "|---|---:|---:|---:|---:|---:|"
-row "$SIZE_MIB MiB dd bs=1M" "local dd" "$(med local)" "$(med bd)" "$(med pt)"
-row "$SIZE_MIB MiB dd bs=1M, --sync-on-close" "local dd conv=fsync" "$(med local_fsync)" "$(med sync)" "$(med sync_pt)"
-row "$SMALL_MIB MiB dd bs=4k" "local dd bs=4k" "$(med local_4k)" "$(med bd_4k)" "$(med pt_4k)"
-row "$SMALL_MIB MiB dd bs=4k conv=notrunc over the object, bytes not local" "local dd, same" "$(med local_edit)" "$(med bd_edit)" "$(med pt_edit)"
+echo "| workload | baseline | default | ÷ baseline | baseline | --passthrough on | ÷ baseline |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+row "$SIZE_MIB MiB dd bs=1M" "local dd" bd pt
+row "$SIZE_MIB MiB dd bs=1M; mounts with --sync-on-close" "local dd conv=fsync" sync sync_pt
+row "$SMALL_MIB MiB dd bs=4k" "local dd bs=4k" bd_4k pt_4k
+row "$((SMALL_MIB / 2)) MiB dd bs=4k conv=notrunc over the object, bytes not local" "local dd, same" bd_edit pt_edit
 echo
 echo "daemon CPU per GiB written (dd bs=1M, until close): default $(med bd_cpu) s, --passthrough on $(med pt_cpu) s"
 echo

@@ -59,13 +59,26 @@ impl StagingFile {
     /// pool](super::staging_pool) whose name is durable: it must exist (a file made here would
     /// not have a durable name).
     pub fn open_pooled(at: &At, size: u64, present: RangeSet) -> io::Result<Self> {
-        let file = at.open(Open::new().read(true).write(true).truncate(true))?;
+        let file = at.open(Open::new().read(true).write(true))?;
         Self::sized(at, file, size, present)
     }
 
+    /// Sizes a new staging file. An empty file is never truncated to empty: ext4 marks a
+    /// file cut to nothing (`auto_da_alloc`, for programs that replace a file by truncating
+    /// it) and then starts writing back all of its pages at the next close of any descriptor
+    /// of it; for a file the kernel writes itself (passthrough) that close is the writer's
+    /// own, which would wait for it.
     fn sized(at: &At, file: File, size: u64, present: RangeSet) -> io::Result<Self> {
         platform::make_sparse(&file);
-        file.set_len(size)?;
+        // Whatever it held goes (a new file's bytes are zeros, or the object's, fetched).
+        let mut len = file.metadata()?.len();
+        if len != 0 {
+            file.set_len(0)?;
+            len = 0;
+        }
+        if size != len {
+            file.set_len(size)?;
+        }
         Ok(StagingFile {
             at: at.clone(),
             file: Some(file),
