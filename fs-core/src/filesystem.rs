@@ -149,11 +149,12 @@ fn local_entry(key: &str, la: LocalAttr) -> Entry {
 impl<S: ObjectStore> Filesystem<S> {
     /// Turns passthrough on: the adapter found the kernel offering it and may register backing
     /// files. From now on read opens of files wholly in the read cache may pass through
-    /// ([`passthrough`]), and on a writable mount without `--cache-size` so may opens of files
-    /// being written whose bytes are all local ([`crate::write::passthrough`]); returns
-    /// whether those do. Call before the first open.
-    pub fn enable_passthrough(&self) -> bool {
-        let writes = self.write.as_ref().is_some_and(|w| w.passthrough_allowed());
+    /// ([`passthrough`]), and, with `writes_wanted` (`--passthrough writes`), on a writable
+    /// mount without `--cache-size`, so may opens of files being written whose bytes are all
+    /// local ([`crate::write::passthrough`]); returns whether those do. Call before the first
+    /// open.
+    pub fn enable_passthrough(&self, writes_wanted: bool) -> bool {
+        let writes = writes_wanted && self.write.as_ref().is_some_and(|w| w.passthrough_allowed());
         self.pt.enable(writes);
         writes
     }

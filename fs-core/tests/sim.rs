@@ -526,7 +526,7 @@ impl Sim {
             .map_err(|e| violation("I1", "a restart could not mount", e))?
         };
         if self.params.passthrough {
-            fs.enable_passthrough();
+            fs.enable_passthrough(true);
         }
         self.t0 = rt.block_on(async { tokio::time::Instant::now() });
         self.rt = Some(rt);

@@ -31,7 +31,7 @@ pub struct FuseAdapter<S: ObjectStore> {
     fs: Arc<fs_core::Filesystem<S>>,
     rt: tokio::runtime::Handle,
     /// Whether to ask the kernel for passthrough, or why not (the core's decision).
-    passthrough: Result<(), String>,
+    passthrough: Result<bool, String>,
     backings: Arc<Backings>,
     /// The process that opened each write handle, for its closes.
     openers: Arc<Openers>,
@@ -41,7 +41,7 @@ impl<S: ObjectStore> FuseAdapter<S> {
     pub fn new(
         fs: Arc<fs_core::Filesystem<S>>,
         rt: tokio::runtime::Handle,
-        passthrough: Result<(), String>,
+        passthrough: Result<bool, String>,
     ) -> Self {
         FuseAdapter {
             fs,
@@ -247,10 +247,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         // Passthrough (the kernel reading files wholly in the read cache itself) is offered
         // only without the write-back cache, and only with a stack depth for backing files.
         let passthrough = match &self.passthrough {
-            Ok(()) => match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+            Ok(writes) => match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) => {
                     let _ = config.set_max_stack_depth(1);
-                    Ok(())
+                    Ok(*writes)
                 }
                 Err(_) => Err("the kernel does not offer it (Linux 6.9 or later)".to_string()),
             },
@@ -270,8 +270,8 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             let _ = config.add_capabilities(wanted & !missing);
         }
         match passthrough {
-            Ok(()) => {
-                let writes = self.fs.enable_passthrough();
+            Ok(writes) => {
+                let writes = self.fs.enable_passthrough(writes);
                 tracing::info!(
                     "FUSE passthrough: on (the kernel itself reads files wholly in the read cache, once checked{})",
                     if writes { ", and reads and writes files being written whose bytes are all local" } else { "" }

@@ -103,9 +103,10 @@ pub struct MountArgs {
     /// FUSE passthrough (Linux 6.9+, root mounts): the kernel reads a file wholly in the disk
     /// read cache, once checked, straight from its cache file, at the local disk's speed.
     /// `auto` uses it on --read-only mounts with a --read-cache-dir; `on` on writable ones too,
-    /// where the kernel also reads and writes a new or rewritten file straight in its staged
-    /// copy (not with --cache-size), and other writes go without the kernel's write-back cache;
-    /// `off` never. The start-up log says which, and why not.
+    /// whose writes then go without the kernel's write-back cache; `writes` (experimental) as
+    /// `on`, and the kernel also reads and writes a new or rewritten file straight in its
+    /// staged copy (not with --cache-size); `off` never. The start-up log says which, and why
+    /// not.
     #[arg(long, default_value = "auto", value_parser = parse_passthrough)]
     pub passthrough: fs_core::filesystem::PassthroughMode,
     /// No program may be run from the mount (the kernel's noexec), as fstab's `noexec`.

@@ -15,7 +15,7 @@
 #   - half of SMALL_MIB rewritten with dd bs=4k conv=notrunc over the object after a remount
 #     (its bytes not local, so never passed through): what passthrough costs the writes it
 #     does not take, which then go without the kernel's write-back cache.
-# Each with default options and with --passthrough on (the kernel writing new files straight
+# Each with default options and with --passthrough writes (the kernel writing new files straight
 # into their staged copies). Also the daemon's CPU seconds per GiB written (bs=1M). Every object is
 # checked in the bucket (sha256) once uploaded. Needs root, /dev/fuse, and about
 # 3 × SIZE_MIB of free disk under TMPDIR.
@@ -124,9 +124,9 @@ bd_rows() {  # PREFIX [mount options...]
 for r in $(seq "$RUNS"); do
   echo "run $r/$RUNS: bucketdrive" >&2
   bd_rows bd
-  echo "run $r/$RUNS: bucketdrive --passthrough on" >&2
-  bd_rows pt --passthrough on
-  for opt in "" "--passthrough on"; do
+  echo "run $r/$RUNS: bucketdrive --passthrough writes" >&2
+  bd_rows pt --passthrough writes
+  for opt in "" "--passthrough writes"; do
     echo "run $r/$RUNS: bucketdrive --sync-on-close $opt" >&2
     # shellcheck disable=SC2086
     bd_mount --sync-on-close $opt
@@ -150,14 +150,14 @@ echo "Until close() returns, root mount, emulator on loopback; seconds, medians 
 echo "each for bs=1M); each"
 echo "bucketdrive dd right after the same dd onto the cache disk, and ÷ the median of those pairs' ratios"
 echo
-echo "| workload | baseline | default | ÷ baseline | baseline | --passthrough on | ÷ baseline |"
+echo "| workload | baseline | default | ÷ baseline | baseline | --passthrough writes | ÷ baseline |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 row "$SIZE_MIB MiB dd bs=1M" "local dd" bd pt
 row "$SIZE_MIB MiB dd bs=1M; mounts with --sync-on-close" "local dd conv=fsync" sync sync_pt
 row "$SMALL_MIB MiB dd bs=4k" "local dd bs=4k" bd_4k pt_4k
 row "$((SMALL_MIB / 2)) MiB dd bs=4k conv=notrunc over the object, bytes not local" "local dd, same" bd_edit pt_edit
 echo
-echo "daemon CPU per GiB written (dd bs=1M, until close): default $(med bd_cpu) s, --passthrough on $(med pt_cpu) s"
+echo "daemon CPU per GiB written (dd bs=1M, until close): default $(med bd_cpu) s, --passthrough writes $(med pt_cpu) s"
 echo
 echo "runs:"
 for k in $(printf '%s\n' "${!R[@]}" | sort); do echo "  $k:${R[$k]}"; done

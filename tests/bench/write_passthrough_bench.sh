@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Writes the kernel makes itself (FUSE passthrough) against the cache disk, with nothing else
-# going on: one root mount with --passthrough on and --write-back-delay 1h (no upload runs
+# going on: one root mount with --passthrough writes and --write-back-delay 1h (no upload runs
 # meanwhile), and PAIRS pairs of the same dd, onto the cache disk and then onto the mount, one
 # right after the other, each from the same start (nothing dirty, only the source cached). Until dd returns (its close included). Prints the medians and the median ratio,
 # and the daemon's CPU seconds per GiB written. close_bench.sh measures the same rows with
@@ -32,7 +32,7 @@ head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
 head -c $((SMALL_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src-small"
 
 "$BD" mount bench "$MNT" --endpoint "$EMU_URL" --anonymous --cache-dir "$WORK/cache" \
-  --log-file "$WORK/bd.log" --write-back-delay 1h --passthrough on
+  --log-file "$WORK/bd.log" --write-back-delay 1h --passthrough writes
 PID=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
 grep -q "reads and writes files being written" "$WORK/bd.log" \
   || { echo "passthrough for writes is not on:" >&2; cat "$WORK/bd.log" >&2; exit 1; }
@@ -65,7 +65,7 @@ for i in $(seq "$PAIRS"); do
 done
 "$BD" unmount "$MNT" --no-wait >/dev/null 2>&1 || true
 echo
-echo "Until dd returns; root mount, --passthrough on; medians of $PAIRS pairs; seconds"
+echo "Until dd returns; root mount, --passthrough writes; medians of $PAIRS pairs; seconds"
 echo
 echo "| workload | local dd on the cache disk | bucketdrive | ÷ local (median of pairs) |"
 echo "|---|---:|---:|---:|"

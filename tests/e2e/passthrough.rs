@@ -1,4 +1,4 @@
-//! End-to-end writes the kernel makes itself (FUSE passthrough, `--passthrough on`, root
+//! End-to-end writes the kernel makes itself (FUSE passthrough, `--passthrough writes`, root
 //! mounts): a new or rewritten file is read and written straight in its staged copy, while the
 //! daemon's write and read counters do not move; what reaches the bucket is what was written.
 
@@ -20,10 +20,10 @@ fn setup(bucket: &str) -> Result<Emulator> {
     Ok(emu)
 }
 
-/// A mount with `--passthrough on` and a metrics address, plus `extra`.
+/// A mount with `--passthrough writes` and a metrics address, plus `extra`.
 fn mount(emu: &Emulator, bucket: &str, extra: &[&str]) -> Result<(Mount, String)> {
     let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
-    let mut args = vec!["--passthrough", "on", "--metrics-addr", &addr];
+    let mut args = vec!["--passthrough", "writes", "--metrics-addr", &addr];
     args.extend_from_slice(extra);
     let m = Mount::new(emu, bucket, &args)?;
     Ok((m, addr))
@@ -130,7 +130,7 @@ fn a_rewrite_passes_through_and_fsync_keeps_its_meaning() -> Result<()> {
 fn a_crash_after_passthrough_writes_loses_nothing_closed() -> Result<()> {
     let emu = setup("ptc")?;
     let cache = tempfile::tempdir()?;
-    let args = ["--passthrough", "on", "--write-back-delay", "1h"];
+    let args = ["--passthrough", "writes", "--write-back-delay", "1h"];
     let m = Mount::with_cache(&emu, "ptc", cache.path(), &args)?;
     let mut want = Vec::new();
     for i in 0..5 {
@@ -152,20 +152,23 @@ fn a_crash_after_passthrough_writes_loses_nothing_closed() -> Result<()> {
     m.unmount()
 }
 
-/// `--passthrough off`, and a mount with `--cache-size`, write through the daemon as before.
+/// `--passthrough off`, `--passthrough on` (reads only) and a mount with `--cache-size` write
+/// through the daemon as before.
 #[test]
 fn without_passthrough_writes_go_through_the_daemon() -> Result<()> {
     let emu = setup("ptoff")?;
     let data = random_bytes(3 * MIB + 1, 30);
-    for (i, extra) in [&["--passthrough", "off"][..], &["--cache-size", "1GiB"][..]]
-        .iter()
-        .enumerate()
-    {
+    let modes = [
+        &["--passthrough", "off"][..],
+        &["--passthrough", "on"][..],
+        &["--cache-size", "1GiB"][..],
+    ];
+    for (i, extra) in modes.iter().enumerate() {
         let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
         let mut args = vec!["--metrics-addr", &addr, "--write-back-delay", "0s"];
         args.extend_from_slice(extra);
-        if i == 1 {
-            args.extend_from_slice(&["--passthrough", "on"]);
+        if i == 2 {
+            args.extend_from_slice(&["--passthrough", "writes"]);
         }
         let m = Mount::new(&emu, "ptoff", &args)?;
         let name = format!("f{i}");

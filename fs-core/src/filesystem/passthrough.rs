@@ -53,6 +53,10 @@ pub enum PassthroughMode {
     /// Wherever the kernel and privileges allow it, writable mounts too (their writes then go
     /// without the kernel's write-back cache).
     On,
+    /// As `On`, and files being written pass through to their staged copies too
+    /// ([`crate::write::passthrough`]). Experimental: see docs/semantics.md for what it does
+    /// not yet keep.
+    Writes,
     Off,
 }
 
@@ -62,20 +66,23 @@ impl PassthroughMode {
     /// `read_only`: no writes through the mount, so nothing loses the kernel's write-back
     /// cache, which passthrough turns off for the whole mount. `read_cache`: there are local
     /// files to pass reads through to (a writable mount has its files being written).
-    pub fn decide(self, root: bool, read_only: bool, read_cache: bool) -> Result<(), String> {
+    ///
+    /// `Ok(writes)`: ask for it, and whether files being written pass through too.
+    pub fn decide(self, root: bool, read_only: bool, read_cache: bool) -> Result<bool, String> {
+        let writes = self == PassthroughMode::Writes && !read_only;
         match self {
             PassthroughMode::Off => Err("--passthrough off".into()),
             _ if !root => Err("it needs root (CAP_SYS_ADMIN) to register backing files".into()),
-            _ if !read_cache && (read_only || self == PassthroughMode::Auto) => {
+            _ if !read_cache && !writes => {
                 Err("no --read-cache-dir: no local file to pass reads through to".into())
             }
-            PassthroughMode::On => Ok(()),
+            PassthroughMode::On | PassthroughMode::Writes => Ok(writes),
             PassthroughMode::Auto if !read_only => Err(
                 "the mount is writable, and passthrough would turn the kernel's write-back cache \
                  off for all its writes (docs/semantics.md); --read-only mounts use it"
                     .into(),
             ),
-            PassthroughMode::Auto => Ok(()),
+            PassthroughMode::Auto => Ok(false),
         }
     }
 }
@@ -86,8 +93,9 @@ impl std::str::FromStr for PassthroughMode {
         match s {
             "auto" => Ok(PassthroughMode::Auto),
             "on" => Ok(PassthroughMode::On),
+            "writes" => Ok(PassthroughMode::Writes),
             "off" => Ok(PassthroughMode::Off),
-            _ => Err(format!("--passthrough {s}: auto, on or off")),
+            _ => Err(format!("--passthrough {s}: auto, on, writes or off")),
         }
     }
 }

@@ -26,7 +26,10 @@ fn wcfg(cache: &std::path::Path, delay: Duration) -> WriteConfig {
 
 fn mount(store: &Arc<MemoryStore>, w: WriteConfig) -> Filesystem<MemoryStore> {
     let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap();
-    assert!(fs.enable_passthrough(), "files being written pass through");
+    assert!(
+        fs.enable_passthrough(true),
+        "files being written pass through"
+    );
     fs
 }
 

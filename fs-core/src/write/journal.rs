@@ -391,19 +391,17 @@ impl Journal {
     /// files): each unsealed one not yet marked gets a line saying so (not synced: the
     /// commit syncs the journal next).
     pub fn mark_durable(&self, ids: &[u64]) -> io::Result<()> {
-        let marked: Vec<Record> = {
-            let log = self.log.lock();
-            ids.iter()
-                .filter_map(|id| log.live.get(id))
-                .filter(|r| r.live && !r.durable)
-                .map(|r| Record {
-                    durable: true,
-                    ..r.clone()
+        for &id in ids {
+            // Looked up and appended under one lock: a change of the record in between (its
+            // removal, a rename) must not be undone by a stale copy.
+            self.append_with(|live| {
+                live.get(&id).filter(|r| r.live && !r.durable).map(|r| {
+                    Change::Put(Record {
+                        durable: true,
+                        ..r.clone()
+                    })
                 })
-                .collect()
-        };
-        for rec in marked {
-            self.append(Change::Put(rec))?;
+            })?;
         }
         Ok(())
     }
@@ -412,7 +410,16 @@ impl Journal {
     ///
     /// The change reaches the in-memory records only once its line is whole in the log, so a
     /// failed append leaves both as they were, and the caller's error is the whole truth.
-    fn append(&self, mut change: Change) -> io::Result<u64> {
+    fn append(&self, change: Change) -> io::Result<u64> {
+        self.append_with(|_| Some(change))
+    }
+
+    /// [`Self::append`] of the change `make` builds from the records, under the same lock;
+    /// none: nothing is appended.
+    fn append_with(
+        &self,
+        make: impl FnOnce(&HashMap<u64, Record>) -> Option<Change>,
+    ) -> io::Result<u64> {
         #[cfg(test)]
         if take_one(&self.failing) {
             return Err(io::Error::new(
@@ -424,6 +431,9 @@ impl Journal {
         if log.poisoned {
             self.compact(&mut log)?;
         }
+        let Some(mut change) = make(&log.live) else {
+            return Ok(log.appended);
+        };
         // A live file a commit made durable stays so for its later records (see
         // [`Record::durable`]), in a batch too (a rename).
         keep_durable(&mut change, &log.live);
