@@ -172,9 +172,9 @@ impl<S: ObjectStore> Filesystem<S> {
         self.pt.stop_offering();
         if let Ok(f) = self.handle(fh) {
             if f.through.swap(false, Ordering::SeqCst) {
-                self.pt.refused(f.ino);
+                let others = self.pt.refused(f.ino);
                 if let (FileIo::Staged { item, .. }, Some(w)) = (&f.io, &self.write) {
-                    w.leave_passthrough(item).await;
+                    w.leave_passthrough(item, others).await;
                 }
             }
         }

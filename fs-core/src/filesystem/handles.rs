@@ -429,10 +429,10 @@ impl<S: ObjectStore> Filesystem<S> {
             true => Counted::Through,
             false => Counted::Other,
         };
-        self.pt.release(file.ino, counted);
+        let others = self.pt.release(file.ino, counted);
         if let (FileIo::Staged { item, .. }, Some(w)) = (&file.io, &self.write) {
             if counted == Counted::Through {
-                w.leave_passthrough(item).await;
+                w.leave_passthrough(item, others).await;
             }
             w.release(item).await;
         }

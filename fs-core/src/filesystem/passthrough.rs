@@ -392,15 +392,18 @@ impl Passthrough {
     }
 
     /// A handle counted `how` is released; the backing file goes with the last passthrough
-    /// handle.
-    pub fn release(&self, ino: Ino, how: Counted) {
+    /// handle. Returns whether other handles of the inode still pass through, counted here
+    /// already: an open that joins them may not have reached the item yet, and the item must
+    /// keep passing through for it (or a truncate meanwhile would move its working copy off
+    /// the file that handle writes).
+    pub fn release(&self, ino: Ino, how: Counted) -> bool {
         if !self.enabled() {
-            return;
+            return false;
         }
-        {
+        let others = {
             let mut inodes = self.inodes.lock();
             let Some(st) = inodes.get_mut(&ino) else {
-                return;
+                return false;
             };
             match how {
                 Counted::Through => {
@@ -411,24 +414,30 @@ impl Passthrough {
                 }
                 Counted::Other => st.other = st.other.saturating_sub(1),
             }
+            let others = st.through > 0;
             if st.idle() {
                 inodes.remove(&ino);
             }
-        }
+            others
+        };
         self.released.notify_waiters();
+        others
     }
 
     /// A handle the adapter could not pass through after all (the kernel refused the backing
-    /// file): counted as any other from now on.
-    pub fn refused(&self, ino: Ino) {
+    /// file): counted as any other from now on. Returns whether other handles of the inode
+    /// still pass through (see [`Self::release`]).
+    pub fn refused(&self, ino: Ino) -> bool {
         let mut inodes = self.inodes.lock();
-        if let Some(st) = inodes.get_mut(&ino) {
-            st.through = st.through.saturating_sub(1);
-            st.other += 1;
-            if st.through == 0 {
-                st.backing = None;
-            }
+        let Some(st) = inodes.get_mut(&ino) else {
+            return false;
+        };
+        st.through = st.through.saturating_sub(1);
+        st.other += 1;
+        if st.through == 0 {
+            st.backing = None;
         }
+        st.through > 0
     }
 }
 

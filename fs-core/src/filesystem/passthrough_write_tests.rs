@@ -10,6 +10,7 @@ use super::*;
 use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
 
+use super::passthrough::Counted;
 use super::tests::W;
 
 const R: OpenMode = OpenMode {
@@ -264,4 +265,134 @@ fn after_a_power_cut_a_file_written_in_place_counts_only_once_committed() {
             "committed {committed}"
         );
     }
+}
+
+/// A close that fails (the journal could not take its line) while the kernel still writes the
+/// file: the version an earlier close sealed without its CRC32C is the same file, changed
+/// since, so it is kept as not saved with the failed change (I10), not left waiting for a seal
+/// that never comes (which kept an unmount waiting for ever). A later close saves it all.
+#[tokio::test(start_paused = true)]
+async fn a_failed_close_keeps_the_unsealed_version_not_saved_and_unmount_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let (attr, w) = fs.create(ROOT_INO, "f").await.unwrap();
+    let file = backing(&w);
+    let r = fs.open(attr.ino, R).await.unwrap();
+    file.write_all_at(&[1u8; 20_000], 0).unwrap();
+    fs.flush(w.fh).await.unwrap();
+    file.write_all_at(&[2u8; 5_000], 20_000).unwrap();
+    let wb = fs.write.as_ref().unwrap().clone();
+    wb.fail_journal_appends(1);
+    assert!(fs.flush(w.fh).await.is_err(), "the close fails");
+    fs.release(w.fh).await;
+    fs.release(r.fh).await;
+    let left = tokio::time::timeout(Duration::from_secs(600), fs.drain(true))
+        .await
+        .expect("the unmount's drain ends");
+    assert_eq!(left, 0, "nothing left to upload");
+    assert!(
+        store.object_bytes("f").is_none(),
+        "nothing of a file whose last close failed is uploaded (I10)"
+    );
+    assert_eq!(
+        fs.write.as_ref().unwrap().status().await.held_files,
+        1,
+        "reported as not saved"
+    );
+    // A later close saves every byte.
+    let w = fs.open(attr.ino, W).await.unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    let mut want = vec![1u8; 20_000];
+    want.extend_from_slice(&[2u8; 5_000]);
+    assert_eq!(store.object_bytes("f").unwrap(), want);
+}
+
+/// A handle that joins the file's passthrough handles is counted before it reaches the item;
+/// when the last other handle is released in between, the item keeps passing through for
+/// it, so a truncate meanwhile cuts the file that handle writes, not a copy of it.
+#[tokio::test(start_paused = true)]
+async fn a_release_before_a_joiner_reaches_the_item_keeps_it_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(
+        &store,
+        wcfg(&dir.path().join("c"), Duration::from_secs(3600)),
+    );
+    let (attr, w) = fs.create(ROOT_INO, "f").await.unwrap();
+    let file = backing(&w);
+    file.write_all_at(&[7u8; 10_000], 0).unwrap();
+    fs.flush(w.fh).await.unwrap();
+    // The joiner, counted by the inode but not yet at the item (its open is midway).
+    let wb = fs.write.as_ref().unwrap().clone();
+    let (io, counted) = fs
+        .pt
+        .staged_open(attr.ino, || async { None }, |_| async {})
+        .await
+        .unwrap();
+    assert!(matches!(io, KernelIo::Passthrough(_)) && counted == Counted::Through);
+    let item = wb.open_existing("f").await.unwrap();
+    fs.release(w.fh).await;
+    // A truncate in between: in place, as the joiner's writes will be.
+    fs.setattr(attr.ino, Some(4_000), None, None).await.unwrap();
+    wb.join_passthrough(&item, file.clone()).await;
+    file.write_all_at(&[8u8; 1_000], 4_000).unwrap();
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 5_000);
+    wb.commit(&item).await.unwrap();
+    let others = fs.pt.release(attr.ino, Counted::Through);
+    wb.leave_passthrough(&item, others).await;
+    wb.release(&item).await;
+    assert_eq!(fs.drain(false).await, 0);
+    let mut want = vec![7u8; 4_000];
+    want.extend_from_slice(&[8u8; 1_000]);
+    assert_eq!(store.object_bytes("f").unwrap(), want);
+}
+
+/// I10 for writes bucketdrive does not see: with the cache disk nearly full, a write the
+/// kernel made may have failed (only the writer was told), so the file is held: its close
+/// fails with ENOSPC, and nothing of it replaces the object, though the file looks unchanged.
+/// A nearly full disk hands no file to the kernel; a rewrite once there is room saves it.
+#[tokio::test(start_paused = true)]
+async fn a_nearly_full_cache_disk_holds_a_file_the_kernel_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let wb = fs.write.as_ref().unwrap().clone();
+    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let wt = OpenMode {
+        write: true,
+        truncate: true,
+        process: None,
+    };
+    let w = fs.open(a.ino, wt).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Passthrough(_)), "first open");
+    let file = backing(&w);
+    // The writer's first write failed for space: the file stays empty.
+    wb.pretend_free_bytes(Some(1 << 20));
+    assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(
+        &store.object_bytes("f").unwrap()[..],
+        b"the good object",
+        "the object keeps its last whole version (I10)"
+    );
+    assert_eq!(wb.status().await.held_files, 1);
+    // No passthrough while the disk is nearly full.
+    let w = fs.open(a.ino, wt).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Daemon));
+    fs.release(w.fh).await;
+    // Room again: a rewrite saves it (through bucketdrive: changes are kept as not saved).
+    wb.pretend_free_bytes(None);
+    drop(file);
+    let w = fs.open(a.ino, wt).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Daemon));
+    fs.write(w.fh, 0, b"new bytes").await.unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"new bytes");
 }

@@ -232,6 +232,21 @@ pub fn is_disk_full(e: &io::Error) -> bool {
     )
 }
 
+/// Bytes an unprivileged writer may still write on the file system that holds `file`; `None`
+/// where that cannot be told.
+pub fn free_bytes(file: &std::fs::File) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let st = rustix::fs::fstatvfs(file).ok()?;
+        Some(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        None
+    }
+}
+
 /// Where per-user caches live: `$XDG_CACHE_HOME` or `~/.cache` on Unix, `%LOCALAPPDATA%` on
 /// Windows.
 pub fn user_cache_base() -> std::path::PathBuf {

@@ -25,6 +25,13 @@
 //!   the kernel holds the pages. A power cut leaves each block of it as the disk had it: like
 //!   a local file edited in place, and unlike a file written through the daemon, whose last
 //!   acknowledged version is kept whole.
+//! - **I10, with writes it does not see.** A write the kernel makes can fail (`ENOSPC`) and
+//!   only the writer learns of it; the file then lacks bytes the user meant to write. That
+//!   can only happen on a disk (nearly) full, so a file passes through only while the cache
+//!   disk has [`KERNEL_WRITE_RESERVE`] free, and every look at it checks that again: below
+//!   it, a write may have failed unseen, so the file is held as if one had (never uploaded,
+//!   kept staged as not saved, its close failing with `ENOSPC`). A disk that fills and is
+//!   freed again between two looks is not seen; `EIO` from the disk is not seen either.
 //! - **Bytes no longer change in place** once the last passthrough handle is gone: a later
 //!   writer through the daemon edits a copy, as for any pending version.
 
@@ -36,6 +43,10 @@ use super::item::{Item, ItemRef, Life, Shared, Through};
 use super::writeback::WriteBack;
 use crate::error::FsResult;
 use crate::store::ObjectStore;
+
+/// Free space on the cache disk below which a write the kernel makes may have failed unseen
+/// (see the module doc): no file passes through then, and one that does is held.
+pub const KERNEL_WRITE_RESERVE: u64 = 256 << 20;
 
 /// Length and modification time of a file, as the engine compares them.
 fn stat(file: &File) -> std::io::Result<(u64, SystemTime)> {
@@ -72,6 +83,9 @@ impl<S: ObjectStore> WriteBack<S> {
             // Bytes past the end (never acknowledged) must not show through the kernel.
             it.work.cut_tail()?;
             let file = it.work.clone_file()?;
+            if !self.room_for_kernel(&file) {
+                return Err(std::io::Error::other("the cache disk is nearly full"));
+            }
             let seen = stat(&file)?;
             Ok::<_, std::io::Error>((file, seen))
         })();
@@ -117,7 +131,10 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// One passthrough handle of `item` is gone (released, or refused by the kernel): with
     /// the last, the engine takes the file's final state and goes back to doing its I/O.
-    pub async fn leave_passthrough(&self, item: &ItemRef) {
+    /// `others`: handles of the inode that still pass through were counted before this
+    /// release, though some may not have joined the item yet ([`Self::join_passthrough`]):
+    /// the item keeps passing through, with no handle of its own, until they do.
+    pub async fn leave_passthrough(&self, item: &ItemRef, others: bool) {
         let mut it = item.0.item.lock().await;
         self.refresh(&item.0, &mut it);
         let last = match it.through.as_mut() {
@@ -127,7 +144,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             None => false,
         };
-        if last {
+        if last && !others {
             it.through = None;
             *item.0.backing.lock() = None;
         }
@@ -136,7 +153,16 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Takes what the kernel wrote to a passthrough file since the last look: when its length
     /// or modification time moved, the working copy is that file as it is (its CRC32C unknown
     /// until a seal computes it), changed, with the file's modification time.
+    ///
+    /// With the cache disk within [`KERNEL_WRITE_RESERVE`] of full, a write the kernel made may
+    /// have failed unseen: the file is held (I10), whether or not it looks changed.
     pub(super) fn refresh(&self, shared: &Shared, it: &mut Item) {
+        let Some(t) = it.through.as_ref() else {
+            return;
+        };
+        if !self.room_for_kernel(&t.file) && it.held.is_none() {
+            Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
+        }
         let Some(t) = it.through.as_mut() else {
             return;
         };
@@ -156,6 +182,15 @@ impl<S: ObjectStore> WriteBack<S> {
         it.edits += 1;
         shared.publish(it);
         self.recharge(shared, it);
+    }
+
+    /// Whether the disk that holds `file` has room enough to trust the kernel's writes to it.
+    fn room_for_kernel(&self, file: &File) -> bool {
+        let free = match self.free_override.load(std::sync::atomic::Ordering::SeqCst) {
+            u64::MAX => crate::platform::free_bytes(file),
+            n => Some(n),
+        };
+        free.is_none_or(|f| f >= KERNEL_WRITE_RESERVE)
     }
 
     /// Sets a passthrough file's modification time on the file itself, where `getattr` reads

@@ -39,10 +39,11 @@ impl<S: ObjectStore> WriteBack<S> {
             if it.life != Life::Live {
                 return Ok(());
             }
+            // First what the kernel wrote, which may hold the file too.
+            self.refresh(&item.0, &mut it);
             if let Some(e) = &it.held {
                 return Err(e.clone());
             }
-            self.refresh(&item.0, &mut it);
             let crc_now = crc || it.through.is_none();
             let unsealed = it
                 .pending
@@ -218,17 +219,41 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Changes that were not saved (held, or the last close failed) stay staged: their bytes
     /// are made durable and a journal record keeps them across an unmount or a crash. They
     /// are never uploaded from it. Best effort: the disk that failed a write may fail this too.
+    ///
+    /// A version the kernel wrote that is still without its CRC32C (a close sealed it while
+    /// passthrough handles were open) is the working copy itself, changed since in place by
+    /// the change that failed: the two cannot be told apart, so it is kept as not saved with
+    /// them (I10), in the same journal line, instead of waiting for a seal that will not come.
     pub(super) async fn keep_unsaved(&self, it: &mut Item) {
-        if it.life != Life::Live || !it.dirty() {
+        let unsealed = it
+            .pending
+            .as_ref()
+            .filter(|v| v.crc_pending && v.id == it.work_id)
+            .map(|v| v.id);
+        if it.life != Life::Live || (!it.dirty() && unsealed.is_none()) {
             return;
         }
         let id = it.unsaved_record.unwrap_or_else(|| self.new_id());
         let kept = match self.work_durable(it).await {
-            Ok(()) => self.journal.put(&it.unsaved(id)).await,
+            Ok(()) => {
+                let put = Change::Put(it.unsaved(id));
+                let change = match unsealed {
+                    Some(v) => Change::Batch(vec![put, Change::Del(v)]),
+                    None => put,
+                };
+                self.journal.apply(change).await
+            }
             Err(e) => Err(e),
         };
         match kept {
             Ok(()) => {
+                if unsealed.is_some() {
+                    tracing::error!(key = %it.key, "a file the kernel wrote could not be sealed; it stays staged, not saved, with its last changes");
+                    it.pending = None;
+                    if !it.dirty() {
+                        it.edits += 1;
+                    }
+                }
                 it.unsaved_record = Some(id);
                 // The record now names the working copy's file; one it named before (the
                 // working copy moved off it since) is no longer needed.

@@ -121,6 +121,9 @@ pub struct WriteBack<S: ObjectStore> {
     /// Staging files the kernel wrote itself ([`super::passthrough`]): deleted when let go,
     /// never reused, as a mapping of one may still be written.
     pub(super) in_place: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Free bytes the cache disk is taken to have, in place of asking it (tests);
+    /// `u64::MAX`: ask it.
+    pub(super) free_override: AtomicU64,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -176,6 +179,7 @@ impl<S: ObjectStore> WriteBack<S> {
             paused_keys: parking_lot::Mutex::new(Vec::new()),
             commits: Commits::new(cfg_commit_interval),
             in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            free_override: AtomicU64::new(u64::MAX),
         }))
     }
 
@@ -374,6 +378,14 @@ impl<S: ObjectStore> WriteBack<S> {
         self.journal.fail_appends(n);
     }
 
+    /// Makes the cache disk look as if it had `free` bytes left (`None`: as it has), for what
+    /// the kernel writes itself ([`super::passthrough`]) (tests only).
+    #[cfg(test)]
+    pub fn pretend_free_bytes(&self, free: Option<u64>) {
+        self.free_override
+            .store(free.unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
     /// Makes the next `n` journal syncs fail (tests only).
     #[cfg(test)]
     pub fn fail_journal_syncs(&self, n: u32) {
@@ -520,7 +532,12 @@ impl<S: ObjectStore> WriteBack<S> {
                 let mut it = shared.item.lock().await;
                 if it.life == Life::Live && it.pending.is_some() {
                     pending += 1;
-                    if it.sched.failures > 0 {
+                    // A version without its CRC32C and no handle left to seal it cannot be
+                    // uploaded (its keeping as not saved failed too): as good as failed.
+                    let unsealed = it.handles == 0
+                        && it.through.is_none()
+                        && it.pending.as_ref().is_some_and(|p| p.crc_pending);
+                    if it.sched.failures > 0 || unsealed {
                         failed += 1;
                     }
                     if it.sched.expedite() {
