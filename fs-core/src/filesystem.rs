@@ -172,11 +172,20 @@ impl<S: ObjectStore> Filesystem<S> {
         self.pt.stop_offering();
         if let Ok(f) = self.handle(fh) {
             if f.through.swap(false, Ordering::SeqCst) {
-                let others = self.pt.refused(f.ino);
+                self.pt.refused(f.ino);
                 if let (FileIo::Staged { item, .. }, Some(w)) = (&f.io, &self.write) {
-                    w.leave_passthrough(item, others).await;
+                    w.leave_passthrough(item, || self.pt.passing_through(f.ino))
+                        .await;
                 }
             }
+        }
+    }
+
+    /// The mount's device (`major`, `minor`), which the adapter learns once mounted: how a
+    /// mapping of a file the kernel writes itself is recognised (`write/passthrough.rs`).
+    pub fn set_kernel_device(&self, major: u64, minor: u64) {
+        if let Some(w) = &self.write {
+            w.set_kernel_device(major, minor);
         }
     }
 

@@ -202,6 +202,15 @@ fn serve(
     };
     let fd = kernel_mount::mount(mountpoint, &kernel)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    // How the kernel names the mount's files in /proc/<pid>/maps (the core looks for
+    // mappings of files it passed through there).
+    if let Some((major, minor)) = kernel_mount::mount_device(mountpoint)
+        .as_deref()
+        .and_then(|d| d.split_once(':'))
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+    {
+        fs.set_kernel_device(major, minor);
+    }
     let session = match Session::from_fd(adapter, fd, acl, Config::default()) {
         Ok(s) => s,
         Err(e) => {

@@ -6,7 +6,7 @@
 #
 # Release build, root mount with default options, the emulator (filesystem backend) on
 # loopback. Each figure is the time until dd returns (its close included), beside the same dd
-# onto the cache disk with the same durability at close:
+# onto the cache disk with the same durability at close, each dd from a dropped page cache:
 #   - SIZE_MIB with dd bs=1M: bucketdrive (close returns with the bytes and the journal line
 #     written, a commit within 1 s) against local dd (page cache only);
 #   - the same with --sync-on-close (close returns with both fdatasync'd) against local dd
@@ -64,20 +64,6 @@ bd_unmount() {
   "$BD" unmount "$MNT" >/dev/null
   for _ in $(seq 100); do mountpoint -q "$MNT" || return 0; sleep 0.1; done
 }
-cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
-timed_dd() {  # SRC DST BS [dd flags...]: seconds until dd returns
-  local src=$1 dst=$2 bs=$3 s e
-  shift 3
-  sync; sleep 1
-  s=$(now); dd if="$src" of="$dst" bs="$bs" status=none "$@"; e=$(now)
-  awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
-}
-
-declare -A R
-add() { R[$1]="${R[$1]:-} $2"; }
-med() { echo "${R[$1]:-}" | tr ' ' '\n' | grep -v '^$' | median; }
-
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 # Times one dd onto the cache disk and then the same onto the mount, one right after the other
 # (this disk's speed drifts from minute to minute, so each figure is compared with its own

@@ -1,5 +1,5 @@
-# Shared by the benchmark scripts (sourced after tests/emulator.sh, with WORK set): timing
-# helpers and the shaped link in front of the emulator.
+# Shared by the benchmark scripts (sourced after tests/emulator.sh, with WORK set): timing and
+# median helpers, and the shaped link in front of the emulator.
 
 now() { date +%s.%N; }
 # MB/s for $1 bytes between times $2 and $3.
@@ -14,4 +14,24 @@ start_proxy() {
   PROXY_PID=$!
   for _ in $(seq 50); do [ -s "$WORK/proxy.out" ] && break; sleep 0.1; done
   PROXY=$(awk '{print $2}' "$WORK/proxy.out")
+}
+
+# Figures by name, for medians: `add KEY VALUE` records one, `med KEY` prints their median
+# (nothing when there is none).
+declare -A R
+add() { R[$1]="${R[$1]:-} $2"; }
+med() { [ -n "${R[$1]:-}" ] && printf '%s\n' ${R[$1]} | median; }
+# $1 ÷ $2 to two places; nothing when either is missing.
+ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a != "" && b > 0) printf "%.2f", a / b }'; }
+# CPU seconds (user and system) process $1 has used.
+cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
+# Seconds until `dd if=SRC of=DST bs=BS [flags...]` returns (its close included), from the same
+# start every time: nothing dirty, and only the source in the page cache (these machines
+# throttle writes once their page cache fills, whichever file filled it). Needs root.
+timed_dd() {
+  local src=$1 dst=$2 bs=$3 s e
+  shift 3
+  sync; echo 1 > /proc/sys/vm/drop_caches; cat "$src" > /dev/null; sleep 1
+  s=$(now); dd if="$src" of="$dst" bs="$bs" status=none "$@"; e=$(now)
+  awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
 }

@@ -52,7 +52,6 @@ rm -f "$WORK/obj"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 bd_mount() {  # extra flags...
   # A port of its own: the last mount's daemon may still be finishing.
@@ -65,7 +64,6 @@ bd_unmount() {
   "$BD" unmount "$MNT" >/dev/null
   for _ in $(seq 100); do mountpoint -q "$MNT" || return 0; sleep 0.1; done
 }
-cpu_s() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 dd_mbps() {  # file bs
   local s e
   s=$(now); dd if="$1" of=/dev/null bs="$2" status=none; e=$(now)
@@ -77,9 +75,6 @@ fio_iops() {  # file
     --invalidate=1 2>/dev/null | awk -F';' '{ print $8 }'
 }
 
-declare -A R
-add() { R[$1]="${R[$1]:-} $2"; }
-med() { tr ' ' '\n' <<<"${R[$1]}" | grep -v '^$' | median; }
 
 # Fill the read cache: read until a whole read downloads nothing (a first read on loopback
 # outruns the cache's writer, which then skips what it cannot take).

@@ -104,7 +104,6 @@ bd_med=$(printf '%s\n' "${bd_runs[@]}" | median)
 bd8_med=$(printf '%s\n' "${bd8_runs[@]}" | median)
 raw8_med=$(printf '%s\n' "${raw8_runs[@]}" | median)
 raw16_med=$(printf '%s\n' "${raw16_runs[@]}" | median)
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 # Peak RSS with 8 concurrent readers, at the default budget and at a small one.
 rss_run() {

@@ -54,7 +54,6 @@ rm -f "$WORK/obj"
 start_proxy --rate "$RATE" --latency "$LATENCY"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 
 bd_mount() {  # extra flags...
@@ -71,9 +70,6 @@ timed_read() {  # prints MB/s of one dd of the object
   mbps "$SIZE" "$s" "$e"
 }
 
-declare -A R
-add() { R[$1]="${R[$1]:-} $2"; }
-med() { tr ' ' '\n' <<<"${R[$1]}" | grep -v '^$' | median; }
 
 first_plain() {
   bd_mount

@@ -69,7 +69,6 @@ for n in $FILES; do
   head -c $((n * 10240)) /dev/urandom | (cd "$WORK/small-$n" && split -b 10240 -a 5 -d - f)
 done
 secs() { awk -v s="$1" -v e="$2" 'BEGIN { printf "%.2f", e - s }'; }
-ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 # The object's sha256, fetched from the emulator directly (not through the proxy or a mount).
 object_sha() { curl -sf "$EMU_URL/storage/v1/b/bench/o/$1?alt=media" | sha256sum | cut -d' ' -f1; }
@@ -154,9 +153,6 @@ echo "warming up the emulator..." >&2
 target/release/direct-upload --endpoint "http://$PROXY" --bucket bench --key warm-up --file "$SRC" >/dev/null
 delete_under warm-up
 
-declare -A R
-add() { R[$1]="${R[$1]:-} $2"; }
-med() { [ -n "${R[$1]:-}" ] && printf '%s\n' ${R[$1]} | median; }
 
 for r in $(seq "$RUNS"); do
   if [ "$BIG" = 1 ]; then

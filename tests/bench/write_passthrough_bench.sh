@@ -36,18 +36,6 @@ head -c $((SMALL_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src-small"
 PID=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
 grep -q "reads and writes files being written" "$WORK/bd.log" \
   || { echo "passthrough for writes is not on:" >&2; cat "$WORK/bd.log" >&2; exit 1; }
-cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
-timed_dd() {  # SRC DST BS
-  local s e
-  # The same start for every dd: nothing dirty, and only the source in the page cache (this
-  # machine throttles writes once its page cache fills, whichever file filled it).
-  sync; echo 1 > /proc/sys/vm/drop_caches; cat "$1" > /dev/null; sleep 1
-  s=$(now); dd if="$1" of="$2" bs="$3" status=none; e=$(now)
-  awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
-}
-declare -A R
-add() { R[$1]="${R[$1]:-} $2"; }
-med() { echo "${R[$1]:-}" | tr ' ' '\n' | grep -v '^$' | median; }
 for i in $(seq "$PAIRS"); do
   echo "pair $i/$PAIRS" >&2
   for row in big small; do

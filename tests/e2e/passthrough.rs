@@ -98,6 +98,54 @@ fn a_new_file_is_written_and_read_by_the_kernel_itself() -> Result<()> {
     m.unmount()
 }
 
+/// A shared mapping that outlives its descriptor and the upload: a store through it after
+/// the file is in the bucket is uploaded as a new version (the daemon finds the mapping in
+/// the opener's /proc/<pid>/maps), and once it is unmapped the file settles.
+#[test]
+fn a_store_through_a_mapping_after_the_upload_reaches_the_bucket() -> Result<()> {
+    let emu = setup("ptm")?;
+    let (m, addr) = mount(&emu, "ptm", &["--write-back-delay", "0s"])?;
+    let path = m.path().join("m.bin");
+    let mut want = random_bytes(MIB + 5, 40);
+    let len = want.len();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    f.write_all_at(&want, 0)?;
+    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    drop(f);
+    wait_for_object(&emu, "ptm", "m.bin", &sha256(&want), 60)?;
+    // SAFETY: the mapping made above, `len` bytes, still mapped.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, len) };
+    let patch = random_bytes(5_000, 41);
+    bytes[1000..1000 + patch.len()].copy_from_slice(&patch);
+    want[1000..1000 + patch.len()].copy_from_slice(&patch);
+    let uploaded = wait_for_object(&emu, "ptm", "m.bin", &sha256(&want), 60);
+    // SAFETY: as above; no longer used.
+    unsafe {
+        libc::munmap(map, len);
+    }
+    uploaded?;
+    assert_eq!(metric(&addr, WRITTEN)?, 0.0, "the daemon wrote nothing");
+    m.unmount()?;
+    assert_eq!(sha256(&emu.get("ptm", "m.bin")?), sha256(&want));
+    Ok(())
+}
+
 /// A rewrite of an existing object (`O_TRUNC`) passes through too; fsync returns with it in
 /// the bucket, and a write after the fsync is uploaded at close.
 #[test]

@@ -176,8 +176,8 @@ impl<S: ObjectStore> Filesystem<S> {
             .pt
             .staged_open(
                 ino,
-                || w.passthrough_file(&item),
-                |file| w.join_passthrough(&item, file),
+                || w.passthrough_file(&item, ino, opener),
+                |file| w.join_passthrough(&item, file, ino, opener),
             )
             .await;
         let (io, counted) = match opened {
@@ -429,10 +429,11 @@ impl<S: ObjectStore> Filesystem<S> {
             true => Counted::Through,
             false => Counted::Other,
         };
-        let others = self.pt.release(file.ino, counted);
+        self.pt.release(file.ino, counted);
         if let (FileIo::Staged { item, .. }, Some(w)) = (&file.io, &self.write) {
             if counted == Counted::Through {
-                w.leave_passthrough(item, others).await;
+                w.leave_passthrough(item, || self.pt.passing_through(file.ino))
+                    .await;
             }
             w.release(item).await;
         }

@@ -392,18 +392,15 @@ impl Passthrough {
     }
 
     /// A handle counted `how` is released; the backing file goes with the last passthrough
-    /// handle. Returns whether other handles of the inode still pass through, counted here
-    /// already: an open that joins them may not have reached the item yet, and the item must
-    /// keep passing through for it (or a truncate meanwhile would move its working copy off
-    /// the file that handle writes).
-    pub fn release(&self, ino: Ino, how: Counted) -> bool {
+    /// handle.
+    pub fn release(&self, ino: Ino, how: Counted) {
         if !self.enabled() {
-            return false;
+            return;
         }
-        let others = {
+        {
             let mut inodes = self.inodes.lock();
             let Some(st) = inodes.get_mut(&ino) else {
-                return false;
+                return;
             };
             match how {
                 Counted::Through => {
@@ -414,30 +411,33 @@ impl Passthrough {
                 }
                 Counted::Other => st.other = st.other.saturating_sub(1),
             }
-            let others = st.through > 0;
             if st.idle() {
                 inodes.remove(&ino);
             }
-            others
-        };
+        }
         self.released.notify_waiters();
-        others
     }
 
     /// A handle the adapter could not pass through after all (the kernel refused the backing
-    /// file): counted as any other from now on. Returns whether other handles of the inode
-    /// still pass through (see [`Self::release`]).
-    pub fn refused(&self, ino: Ino) -> bool {
+    /// file): counted as any other from now on.
+    pub fn refused(&self, ino: Ino) {
         let mut inodes = self.inodes.lock();
-        let Some(st) = inodes.get_mut(&ino) else {
-            return false;
-        };
-        st.through = st.through.saturating_sub(1);
-        st.other += 1;
-        if st.through == 0 {
-            st.backing = None;
+        if let Some(st) = inodes.get_mut(&ino) {
+            st.through = st.through.saturating_sub(1);
+            st.other += 1;
+            if st.through == 0 {
+                st.backing = None;
+            }
         }
-        st.through > 0
+    }
+
+    /// Whether handles of `ino` pass through now, counted here: an open that joins them may
+    /// not have reached the item yet ([`crate::write::WriteBack::leave_passthrough`]).
+    pub fn passing_through(&self, ino: Ino) -> bool {
+        self.inodes
+            .lock()
+            .get(&ino)
+            .is_some_and(|st| st.through > 0)
     }
 }
 

@@ -337,12 +337,14 @@ async fn a_release_before_a_joiner_reaches_the_item_keeps_it_in_place() {
     fs.release(w.fh).await;
     // A truncate in between: in place, as the joiner's writes will be.
     fs.setattr(attr.ino, Some(4_000), None, None).await.unwrap();
-    wb.join_passthrough(&item, file.clone()).await;
+    wb.join_passthrough(&item, file.clone(), attr.ino, None)
+        .await;
     file.write_all_at(&[8u8; 1_000], 4_000).unwrap();
     assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 5_000);
     wb.commit(&item).await.unwrap();
-    let others = fs.pt.release(attr.ino, Counted::Through);
-    wb.leave_passthrough(&item, others).await;
+    fs.pt.release(attr.ino, Counted::Through);
+    wb.leave_passthrough(&item, || fs.pt.passing_through(attr.ino))
+        .await;
     wb.release(&item).await;
     assert_eq!(fs.drain(false).await, 0);
     let mut want = vec![7u8; 4_000];
@@ -395,4 +397,175 @@ async fn a_nearly_full_cache_disk_holds_a_file_the_kernel_writes() {
     fs.release(w.fh).await;
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(&store.object_bytes("f").unwrap()[..], b"new bytes");
+}
+
+/// A shared mapping of the backing file (the kernel maps it for a passthrough handle) that
+/// outlives every handle and the upload: the item stays while the process maps the file, a
+/// store through it is uploaded as a new version, and the item retires once it is unmapped.
+#[tokio::test(start_paused = true)]
+async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let me = CreateFlags {
+        process: Some(std::process::id()),
+        ..CreateFlags::default()
+    };
+    let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
+    let file = backing(&h);
+    file.set_len(8192).unwrap();
+    let len = 8192;
+    // SAFETY: a shared mapping of a file this test owns, of its length, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&*file),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: within the mapping.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+    bytes[..4].copy_from_slice(b"one ");
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    drop(file);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
+            .await
+            .expect("drain ends"),
+        0
+    );
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+    // After the upload: a store through the mapping, seen at the next look.
+    bytes[..4].copy_from_slice(b"two ");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
+            .await
+            .expect("drain ends"),
+        0
+    );
+    let got = store.object_bytes("f").unwrap();
+    assert_eq!((&got[..4], got.len()), (&b"two "[..], 8192));
+    // SAFETY: the mapping made above, no longer used.
+    assert_eq!(unsafe { libc::munmap(map, len) }, 0);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let wb = fs.write.as_ref().unwrap();
+    assert!(
+        wb.item("f").is_none(),
+        "the item retires once the mapping is gone"
+    );
+}
+
+/// Two releases whose halves interleave (the inode's count, then the item's): the last to
+/// reach the item lets passthrough go, as nothing is left to join, so a later writer through
+/// bucketdrive edits a copy and its write, never closed, is not uploaded.
+#[tokio::test(start_paused = true)]
+async fn interleaved_releases_let_passthrough_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(
+        &store,
+        wcfg(&dir.path().join("c"), Duration::from_secs(3600)),
+    );
+    let wb = fs.write.as_ref().unwrap().clone();
+    let (attr, a) = fs.create(ROOT_INO, "f").await.unwrap();
+    let file = backing(&a);
+    let b = fs.open(attr.ino, W).await.unwrap();
+    file.write_all_at(&[7u8; 10_000], 0).unwrap();
+    fs.flush(a.fh).await.unwrap();
+    let fa = fs.files.lock().remove(&a.fh).unwrap();
+    let fb = fs.files.lock().remove(&b.fh).unwrap();
+    let item = match &fa.io {
+        FileIo::Staged { item, .. } => item.clone(),
+        FileIo::Read(_) => unreachable!(),
+    };
+    let others = || fs.pt.passing_through(attr.ino);
+    fs.pt.release(attr.ino, Counted::Through); // A, its first half
+    fs.pt.release(attr.ino, Counted::Through); // B, whole
+    wb.leave_passthrough(&item, others).await;
+    wb.release(&item).await;
+    wb.leave_passthrough(&item, others).await; // A, its second half
+    wb.release(&item).await;
+    drop((fa, fb));
+    let w = fs.open(attr.ino, W).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Daemon));
+    fs.write(w.fh, 0, &[9u8; 100]).await.unwrap(); // never closed
+    let _ = tokio::time::timeout(Duration::from_secs(60), fs.drain(false)).await;
+    let got = store.object_bytes("f").expect("uploaded");
+    assert!(
+        got[..] == [7u8; 10_000][..],
+        "an unclosed write reached the bucket: {:?}..",
+        &got[..4]
+    );
+    fs.release(w.fh).await;
+}
+
+/// A file held (I10) whose pending version is the same file, sealed with its CRC32C (an
+/// fsync whose upload failed), and written in place since: the upload finds the bytes
+/// changed and must not take the file as it is now, which holds the failed change; nor may a
+/// replay after a crash. The bucket keeps a whole version: the old object or the fsync'd one.
+#[test]
+fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
+    for crash in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("c");
+        let store = Arc::new(MemoryStore::new());
+        store.insert("f", b"the good object".to_vec());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+            let wb = fs.write.as_ref().unwrap().clone();
+            let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+            let wt = OpenMode {
+                write: true,
+                truncate: true,
+                process: None,
+            };
+            let w = fs.open(a.ino, wt).await.unwrap();
+            let file = backing(&w);
+            file.write_all_at(&[1u8; 20_000], 0).unwrap();
+            store.set_offline(true);
+            assert!(fs.fsync(w.fh).await.is_err(), "its upload fails");
+            wb.pretend_free_bytes(Some(1 << 20));
+            file.write_all_at(&[2u8; 4096], 0).unwrap(); // a write that landed in part
+            assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
+            fs.release(w.fh).await;
+            assert_eq!(wb.status().await.held_files, 1);
+            if crash {
+                drop(fs);
+                return;
+            }
+            store.set_offline(false);
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        });
+        rt.shutdown_timeout(Duration::from_secs(5));
+        if crash {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                store.set_offline(false);
+                let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+                fs.start().await.unwrap();
+                let _ = tokio::time::timeout(Duration::from_secs(600), fs.drain(true)).await;
+            });
+        }
+        let got = store.object_bytes("f").unwrap();
+        assert!(
+            got[..] == b"the good object"[..] || got[..] == [1u8; 20_000][..],
+            "crash={crash}: the bucket got the held file's failed write: {:?}..",
+            &got[..8]
+        );
+    }
 }

@@ -247,6 +247,53 @@ pub fn free_bytes(file: &std::fs::File) -> Option<u64> {
     }
 }
 
+/// How `/proc/<pid>/maps` names the device `major:minor`.
+pub fn maps_device(major: u64, minor: u64) -> String {
+    format!("{major:02x}:{minor:02x}")
+}
+
+/// How `/proc/<pid>/maps` names `file` (its device and inode), where that can be told.
+pub fn maps_id(file: &std::fs::File) -> Option<(String, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().ok()?;
+        // The kernel's encoding of a device number (glibc's major() and minor()).
+        let dev = m.dev();
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        Some((maps_device(major, minor), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        None
+    }
+}
+
+/// Whether one of processes `pids` maps one of the files `ids` (a mapping lives on after its
+/// descriptor is closed), each named as in `/proc/<pid>/maps` (device, inode); `false` where
+/// that cannot be told.
+pub fn mapped_by(ids: &[(String, u64)], pids: &[u32]) -> bool {
+    if !cfg!(target_os = "linux") || ids.is_empty() {
+        return false;
+    }
+    let ids: Vec<(&str, String)> = ids
+        .iter()
+        .map(|(d, i)| (d.as_str(), i.to_string()))
+        .collect();
+    pids.iter().any(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
+            maps.lines().any(|line| {
+                let mut f = line.split_ascii_whitespace().skip(3);
+                let (dev, ino) = (f.next(), f.next());
+                ids.iter()
+                    .any(|(d, i)| dev == Some(*d) && ino == Some(i.as_str()))
+            })
+        })
+    })
+}
+
 /// Where per-user caches live: `$XDG_CACHE_HOME` or `~/.cache` on Unix, `%LOCALAPPDATA%` on
 /// Windows.
 pub fn user_cache_base() -> std::path::PathBuf {

@@ -142,6 +142,15 @@ pub(super) struct Item {
     pub through: Option<Through>,
     /// The working copy's file was written by the kernel itself: its versions are live.
     pub work_live: bool,
+    /// Processes that opened the file passing through (thread group ids): a mapping one of
+    /// them made can outlive every handle ([`super::passthrough`]).
+    pub kernel_openers: Vec<u32>,
+    /// The file's inode number on the mount when it was last opened passing through: a
+    /// mapping of it names that inode, not the staging file's.
+    pub kernel_ino: Option<u64>,
+    /// A mapping of the working copy's file outlived its handles: a watch uploads what is
+    /// stored through it, and the item stays until it is gone.
+    pub mapped: bool,
 }
 
 /// An item's passthrough handles: the kernel reads and writes the working copy's file

@@ -100,7 +100,7 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// Ends a [`Self::pause`] or [`Self::pause_under`], and wakes every item it held back.
-    pub async fn resume(&self, paused: Paused) {
+    pub async fn resume(self: &Arc<Self>, paused: Paused) {
         {
             let mut keys = self.paused_keys.lock();
             if let Some(i) = keys
@@ -191,7 +191,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// cache disk), nothing changes in memory either and the error is the caller's, so the
     /// file stays here as it stays for the next mount, which would otherwise replay it under
     /// a name removed here.
-    pub async fn unlink(&self, key: &str) -> FsResult<bool> {
+    pub async fn unlink(self: &Arc<Self>, key: &str) -> FsResult<bool> {
         let Some(shared) = self.live(key) else {
             return Ok(false);
         };
@@ -404,7 +404,7 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// The file being written in `shared` is gone (deleted, or replaced by a rename), and the
     /// journal line that removed its records is durable: it is dropped, with its staged files.
-    fn drop_unlinked(&self, shared: &Arc<Shared>, it: &mut Item) {
+    fn drop_unlinked(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut Item) {
         it.life = Life::Unlinked;
         // Wakes an fsync waiting for this file's upload: there will be none.
         shared.progress.send_modify(|p| p.attempts += 1);

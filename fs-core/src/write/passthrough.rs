@@ -27,26 +27,58 @@
 //!   acknowledged version is kept whole.
 //! - **I10, with writes it does not see.** A write the kernel makes can fail (`ENOSPC`) and
 //!   only the writer learns of it; the file then lacks bytes the user meant to write. That
-//!   can only happen on a disk (nearly) full, so a file passes through only while the cache
-//!   disk has [`KERNEL_WRITE_RESERVE`] free, and every look at it checks that again: below
-//!   it, a write may have failed unseen, so the file is held as if one had (never uploaded,
-//!   kept staged as not saved, its close failing with `ENOSPC`). A disk that fills and is
-//!   freed again between two looks is not seen; `EIO` from the disk is not seen either.
+//!   can only happen on a disk (nearly) full. So a file passes through only while the cache
+//!   disk has [`PASSTHROUGH_ROOM`] free (below it, writes go through the daemon, which sees
+//!   every failure), and every close, fsync, truncate and last release checks it again: with
+//!   less than [`HOLD_ROOM`] free, a write may have failed unseen, so the file is held as if
+//!   one had (never uploaded, kept staged as not saved, its close failing with `ENOSPC`).
+//!   Nor is a pending version of the same file, changed in place since its seal, uploaded
+//!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
+//!   looks is not seen; `EIO` from the disk is not seen either.
+//! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
+//!   can land after the last release, and after the upload. When the item could retire, the
+//!   processes that opened it passing through are asked (`/proc/<pid>/maps`) whether they
+//!   still map the file: then it stays, and a watch looks at the file every
+//!   [`MAPPING_POLL`], seals what changed as a new version (uploaded as any), and lets the
+//!   item retire once the mapping is gone. A mapping handed to a child that outlives the
+//!   process that opened the file is not seen.
 //! - **Bytes no longer change in place** once the last passthrough handle is gone: a later
 //!   writer through the daemon edits a copy, as for any pending version.
 
 use std::fs::File;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::item::{Item, ItemRef, Life, Shared, Through};
 use super::writeback::WriteBack;
 use crate::error::FsResult;
 use crate::store::ObjectStore;
 
-/// Free space on the cache disk below which a write the kernel makes may have failed unseen
-/// (see the module doc): no file passes through then, and one that does is held.
-pub const KERNEL_WRITE_RESERVE: u64 = 256 << 20;
+/// Free space on the cache disk a file needs to be handed to the kernel: well above
+/// [`HOLD_ROOM`], so that a file is held only when the disk filled up while it was written.
+pub const PASSTHROUGH_ROOM: u64 = 1 << 30;
+
+/// Free space on the cache disk below which a write the kernel made may have failed unseen
+/// (see the module doc): the file is held. Writes fail for space with about none left.
+pub const HOLD_ROOM: u64 = 64 << 20;
+
+/// How often a file still mapped after its last release is looked at.
+pub const MAPPING_POLL: Duration = Duration::from_secs(2);
+
+/// Processes remembered per item as having opened it passing through.
+const KERNEL_OPENERS: usize = 16;
+
+/// Notes that process `pid` opened `it`, inode `ino` on the mount, passing through (see
+/// [`Item::kernel_openers`]).
+fn note_opener(it: &mut Item, ino: u64, pid: Option<u32>) {
+    it.kernel_ino = Some(ino);
+    if let Some(pid) = pid.filter(|p| !it.kernel_openers.contains(p)) {
+        if it.kernel_openers.len() == KERNEL_OPENERS {
+            it.kernel_openers.remove(0);
+        }
+        it.kernel_openers.push(pid);
+    }
+}
 
 /// Length and modification time of a file, as the engine compares them.
 fn stat(file: &File) -> std::io::Result<(u64, SystemTime)> {
@@ -62,8 +94,14 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// The working copy's file for the kernel to read and write itself, if `item` may pass
-    /// through now (see the module doc); its first passthrough handle is counted.
-    pub async fn passthrough_file(&self, item: &ItemRef) -> Option<File> {
+    /// through now (see the module doc); its first passthrough handle is counted. `ino` and
+    /// `opener`: its inode on the mount, and the process that opens it.
+    pub async fn passthrough_file(
+        &self,
+        item: &ItemRef,
+        ino: u64,
+        opener: Option<u32>,
+    ) -> Option<File> {
         if self.cfg.cache_size.is_some() {
             return None;
         }
@@ -83,7 +121,7 @@ impl<S: ObjectStore> WriteBack<S> {
             // Bytes past the end (never acknowledged) must not show through the kernel.
             it.work.cut_tail()?;
             let file = it.work.clone_file()?;
-            if !self.room_for_kernel(&file) {
+            if !self.room_for_kernel(&file, PASSTHROUGH_ROOM) {
                 return Err(std::io::Error::other("the cache disk is nearly full"));
             }
             let seen = stat(&file)?;
@@ -105,6 +143,7 @@ impl<S: ObjectStore> WriteBack<S> {
             seen,
         });
         it.work_live = true;
+        note_opener(&mut it, ino, opener);
         self.in_place.lock().insert(it.work_id);
         Some(for_kernel)
     }
@@ -113,8 +152,15 @@ impl<S: ObjectStore> WriteBack<S> {
     /// every handle of an inode the same backing file). Should the last of them have let go
     /// of the item meanwhile, this one takes it up again: the file is the same working copy,
     /// and a version sealed since is live.
-    pub async fn join_passthrough(&self, item: &ItemRef, file: Arc<File>) {
+    pub async fn join_passthrough(
+        &self,
+        item: &ItemRef,
+        file: Arc<File>,
+        ino: u64,
+        opener: Option<u32>,
+    ) {
         let mut it = item.0.item.lock().await;
+        note_opener(&mut it, ino, opener);
         match it.through.as_mut() {
             Some(t) => t.handles += 1,
             None => {
@@ -131,10 +177,11 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// One passthrough handle of `item` is gone (released, or refused by the kernel): with
     /// the last, the engine takes the file's final state and goes back to doing its I/O.
-    /// `others`: handles of the inode that still pass through were counted before this
-    /// release, though some may not have joined the item yet ([`Self::join_passthrough`]):
-    /// the item keeps passing through, with no handle of its own, until they do.
-    pub async fn leave_passthrough(&self, item: &ItemRef, others: bool) {
+    /// `others` says, asked under the item's lock, whether handles of the inode still pass
+    /// through: one counted there may not have joined the item yet ([`Self::join_passthrough`]),
+    /// and the item keeps passing through, with no handle of its own, until it does (a
+    /// truncate meanwhile must cut the file that handle writes, not a copy).
+    pub async fn leave_passthrough(&self, item: &ItemRef, others: impl FnOnce() -> bool) {
         let mut it = item.0.item.lock().await;
         self.refresh(&item.0, &mut it);
         let last = match it.through.as_mut() {
@@ -144,7 +191,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             None => false,
         };
-        if last && !others {
+        if last && !others() {
             it.through = None;
             *item.0.backing.lock() = None;
         }
@@ -154,13 +201,13 @@ impl<S: ObjectStore> WriteBack<S> {
     /// or modification time moved, the working copy is that file as it is (its CRC32C unknown
     /// until a seal computes it), changed, with the file's modification time.
     ///
-    /// With the cache disk within [`KERNEL_WRITE_RESERVE`] of full, a write the kernel made may
+    /// With the cache disk within [`HOLD_ROOM`] of full, a write the kernel made may
     /// have failed unseen: the file is held (I10), whether or not it looks changed.
     pub(super) fn refresh(&self, shared: &Shared, it: &mut Item) {
         let Some(t) = it.through.as_ref() else {
             return;
         };
-        if !self.room_for_kernel(&t.file) && it.held.is_none() {
+        if !self.room_for_kernel(&t.file, HOLD_ROOM) && it.held.is_none() {
             Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
         let Some(t) = it.through.as_mut() else {
@@ -184,13 +231,111 @@ impl<S: ObjectStore> WriteBack<S> {
         self.recharge(shared, it);
     }
 
-    /// Whether the disk that holds `file` has room enough to trust the kernel's writes to it.
-    fn room_for_kernel(&self, file: &File) -> bool {
+    /// Whether `it`, which could retire now, stays because a process still maps its file (see
+    /// the module doc); a watch then uploads what is stored through the mapping and retires
+    /// the item once it is gone.
+    pub(super) fn stays_for_mapping(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut Item) -> bool {
+        if it.life != Life::Live {
+            return false;
+        }
+        if it.mapped {
+            return true;
+        }
+        if it.kernel_openers.is_empty() || !self.in_place.lock().contains(&it.work_id) {
+            return false;
+        }
+        let Ok(file) = it.work.clone_file() else {
+            return false;
+        };
+        let ids = self.mapping_ids(it, &file);
+        if !crate::platform::mapped_by(&ids, &it.kernel_openers) {
+            return false;
+        }
+        let Ok(seen) = stat(&file) else {
+            return false;
+        };
+        tracing::debug!(key = %it.key, "the file is still mapped: what is stored through the mapping is uploaded until it is gone");
+        it.mapped = true;
+        let (me, shared, id) = (self.clone(), shared.clone(), it.work_id);
+        tokio::spawn(async move { me.watch_mapping(shared, id, file, seen).await });
+        true
+    }
+
+    /// How `/proc/<pid>/maps` names a mapping of `it`'s file `file`: the inode on the mount
+    /// (a mapping through a passthrough handle shows the file the user mapped), and the
+    /// staging file itself.
+    fn mapping_ids(&self, it: &Item, file: &File) -> Vec<(String, u64)> {
+        let mount = self.kernel_dev.lock().clone().zip(it.kernel_ino);
+        mount
+            .into_iter()
+            .chain(crate::platform::maps_id(file))
+            .collect()
+    }
+
+    /// The watch of a mapped file (see [`Self::stays_for_mapping`]): every [`MAPPING_POLL`],
+    /// first whether the mapping is gone, then whether the file changed (so a store made
+    /// before the mapping went is seen); a change is sealed as a new version, which is
+    /// uploaded as any.
+    async fn watch_mapping(
+        self: Arc<Self>,
+        shared: Arc<Shared>,
+        id: u64,
+        file: File,
+        mut seen: (u64, SystemTime),
+    ) {
+        loop {
+            tokio::time::sleep(MAPPING_POLL).await;
+            let (changed, gone) = {
+                let mut it = shared.item.lock().await;
+                if it.life != Life::Live || it.work_id != id {
+                    // Removed, or written over through a copy: nothing more to follow.
+                    it.mapped = false;
+                    return;
+                }
+                let ids = self.mapping_ids(&it, &file);
+                let gone = !crate::platform::mapped_by(&ids, &it.kernel_openers);
+                // With passthrough handles open again, their looks take the changes.
+                let now = stat(&file).ok().filter(|_| it.through.is_none());
+                let changed = now.is_some_and(|n| n != seen);
+                if let Some(n) = now.filter(|_| changed) {
+                    seen = n;
+                    it.work.adopt(n.0);
+                    it.mtime = n.1;
+                    it.edits += 1;
+                    shared.publish(&it);
+                    self.recharge(&shared, &it);
+                }
+                (changed, gone)
+            };
+            let item = ItemRef(shared.clone());
+            if changed {
+                let key = shared.item.lock().await.key.clone();
+                tracing::info!(key = %key, "a store through a mapping changed the file after its last release; it is uploaded again");
+                if let Err(e) = self.commit(&item).await {
+                    let mut it = shared.item.lock().await;
+                    tracing::error!(key = %it.key, error = %e, "a change made through a mapping could not be saved; it stays staged and is not uploaded");
+                    self.keep_unsaved(&shared, &mut it).await;
+                }
+            }
+            if gone {
+                let mut it = shared.item.lock().await;
+                it.mapped = false;
+                if it.handles == 0 {
+                    self.retire_if_settled(&shared, &mut it);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Whether the disk that holds `file` has `room` bytes free (for an unprivileged writer:
+    /// the daemon may run without the right to the file system's reserve).
+    fn room_for_kernel(&self, file: &File, room: u64) -> bool {
         let free = match self.free_override.load(std::sync::atomic::Ordering::SeqCst) {
             u64::MAX => crate::platform::free_bytes(file),
             n => Some(n),
         };
-        free.is_none_or(|f| f >= KERNEL_WRITE_RESERVE)
+        free.is_none_or(|f| f >= room)
     }
 
     /// Sets a passthrough file's modification time on the file itself, where `getattr` reads

@@ -141,6 +141,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 superseded_uncommitted: Vec::new(),
                 through: None,
                 work_live: rec.live,
+                kernel_openers: Vec::new(),
+                kernel_ino: None,
+                mapped: false,
             };
             item.sched.due_in(Duration::ZERO);
             if rec.live {
@@ -253,6 +256,9 @@ impl<S: ObjectStore> WriteBack<S> {
                     superseded_uncommitted: Vec::new(),
                     through: None,
                     work_live: false,
+                    kernel_openers: Vec::new(),
+                    kernel_ino: None,
+                    mapped: false,
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);
@@ -283,7 +289,11 @@ impl<S: ObjectStore> WriteBack<S> {
             // since, at most) is taken as it is if that fails; an unsealed one no commit
             // covered is not trusted, and gives way as a damaged version does.
             let same_boot = rec.boot.is_some() && rec.boot == crate::platform::boot_id();
-            if rec.live && (same_boot || (rec.unsealed && rec.durable)) {
+            // Changes that were not saved (I10) in the same file, edited in place: the file as
+            // it is holds them, so only the version as sealed may be taken, if its bytes are
+            // still there.
+            let live = rec.live && !keep_tail;
+            if live && (same_boot || (rec.unsealed && rec.durable)) {
                 self.take_live(&mut rec).await;
             }
             let checked = match rec.live && rec.unsealed && !rec.durable && !same_boot {
@@ -293,7 +303,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 false => self.verify(rec.size, rec.crc32c, &rec, keep_tail).await,
             };
             let checked = match checked {
-                Err(_) if rec.live && rec.durable && !rec.unsealed => {
+                Err(_) if live && rec.durable && !rec.unsealed => {
                     self.take_live(&mut rec).await;
                     self.verify(rec.size, rec.crc32c, &rec, keep_tail).await
                 }
@@ -320,6 +330,12 @@ impl<S: ObjectStore> WriteBack<S> {
             if i + 1 < total {
                 tracing::warn!(key = %rec.key, id = rec.id, error = %e, "a version closed just before the mount stopped was not yet durable and was lost to the power cut; the version before it is kept");
                 self.forget_record(rec.id, !longer.contains(&rec.id)).await;
+                continue;
+            }
+            if keep_tail {
+                // The file now holds changes that were not saved: it stays theirs.
+                tracing::error!(key = %rec.key, id = rec.id, error = %e, "a version was changed in place by changes that were not saved; the changes are kept staged, and the bucket keeps its last whole version");
+                self.forget_record(rec.id, false).await;
                 continue;
             }
             tracing::error!(key = %rec.key, id = rec.id, error = %e, "staged data of a saved file is missing or damaged; it is kept aside as .damaged and not uploaded");

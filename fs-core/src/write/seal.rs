@@ -224,12 +224,19 @@ impl<S: ObjectStore> WriteBack<S> {
     /// passthrough handles were open) is the working copy itself, changed since in place by
     /// the change that failed: the two cannot be told apart, so it is kept as not saved with
     /// them (I10), in the same journal line, instead of waiting for a seal that will not come.
-    pub(super) async fn keep_unsaved(&self, it: &mut Item) {
+    pub(super) async fn keep_unsaved(&self, shared: &Shared, it: &mut Item) {
+        self.keep_unsaved_as(shared, it, false).await
+    }
+
+    /// [`Self::keep_unsaved`]; `live_too`: the pending version is the working copy's file,
+    /// written in place by the kernel, and found changed since its seal (an upload saw it),
+    /// so it goes with the changes not saved even though its CRC32C is known.
+    pub(super) async fn keep_unsaved_as(&self, shared: &Shared, it: &mut Item, live_too: bool) {
         let unsealed = it
             .pending
             .as_ref()
-            .filter(|v| v.crc_pending && v.id == it.work_id)
-            .map(|v| v.id);
+            .filter(|v| v.id == it.work_id && (v.crc_pending || (live_too && v.live)))
+            .map(|v| (v.id, v.seq));
         if it.life != Life::Live || (!it.dirty() && unsealed.is_none()) {
             return;
         }
@@ -238,7 +245,7 @@ impl<S: ObjectStore> WriteBack<S> {
             Ok(()) => {
                 let put = Change::Put(it.unsaved(id));
                 let change = match unsealed {
-                    Some(v) => Change::Batch(vec![put, Change::Del(v)]),
+                    Some((v, _)) => Change::Batch(vec![put, Change::Del(v)]),
                     None => put,
                 };
                 self.journal.apply(change).await
@@ -247,12 +254,17 @@ impl<S: ObjectStore> WriteBack<S> {
         };
         match kept {
             Ok(()) => {
-                if unsealed.is_some() {
-                    tracing::error!(key = %it.key, "a file the kernel wrote could not be sealed; it stays staged, not saved, with its last changes");
+                if let Some((_, seq)) = unsealed {
+                    tracing::error!(key = %it.key, "a file the kernel wrote could not be saved; it stays staged, not saved, with its last changes");
                     it.pending = None;
                     if !it.dirty() {
                         it.edits += 1;
                     }
+                    // Whoever waits for that version (an fsync) is told it will not come.
+                    shared.progress.send_modify(|p| {
+                        p.error = Some("the file's changes could not be saved".into());
+                        p.failed_seq = p.failed_seq.max(seq);
+                    });
                 }
                 it.unsaved_record = Some(id);
                 // The record now names the working copy's file; one it named before (the
@@ -290,7 +302,7 @@ impl<S: ObjectStore> WriteBack<S> {
         if let Err(e) = self.commit_as(item, false).await {
             let mut it = item.0.item.lock().await;
             it.close_failed = true;
-            self.keep_unsaved(&mut it).await;
+            self.keep_unsaved(&item.0, &mut it).await;
             return Err(e);
         }
         item.0.item.lock().await.close_failed = false;
@@ -366,7 +378,7 @@ impl<S: ObjectStore> WriteBack<S> {
             // Not tried again in the background (I10): nothing of it is uploaded unless a later
             // close saves it. Kept across an unmount or a crash all the same.
             tracing::error!(key = %it.key, error = %e, "the file's last changes could not be saved; they stay staged and are not uploaded; the bucket keeps its last whole version");
-            self.keep_unsaved(&mut it).await;
+            self.keep_unsaved(&item.0, &mut it).await;
         }
         if it.handles == 0 {
             it.work.close_fd();
@@ -375,8 +387,8 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// Drops an item nobody needs any more: no handles, nothing pending (or unlinked).
-    pub(super) fn retire_if_settled(&self, shared: &Arc<Shared>, it: &mut Item) {
-        if !it.settled() || it.life == Life::Retired {
+    pub(super) fn retire_if_settled(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut Item) {
+        if !it.settled() || it.life == Life::Retired || self.stays_for_mapping(shared, it) {
             return;
         }
         it.life = Life::Retired;

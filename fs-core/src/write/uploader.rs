@@ -86,7 +86,7 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    async fn next_step(&self, shared: &Arc<Shared>) -> Step {
+    async fn next_step(self: &Arc<Self>, shared: &Arc<Shared>) -> Step {
         let mut it = shared.item.lock().await;
         if !it.has_work() {
             it.sched.task = false;
@@ -306,7 +306,14 @@ impl<S: ObjectStore> WriteBack<S> {
                     let changed = e.kind == StoreErrorKind::Other
                         && e.message.contains("staged bytes")
                         && it.pending.as_ref().is_some_and(|p| p.live);
-                    if changed {
+                    // Changes not saved (a failed write or close, I10) are in the same file:
+                    // what it holds now is not to be uploaded, and the sealed bytes are gone.
+                    let unsaved_here = it.pending.as_ref().is_some_and(|p| {
+                        p.id == it.work_id && (it.held.is_some() || it.unsaved_file == Some(p.id))
+                    });
+                    if changed && unsaved_here {
+                        self.keep_unsaved_as(shared, &mut it, true).await;
+                    } else if changed {
                         match self.reseal_live(shared, &mut it).await {
                             Ok(()) => resealed = true,
                             Err(re) => {

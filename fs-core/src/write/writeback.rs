@@ -124,6 +124,9 @@ pub struct WriteBack<S: ObjectStore> {
     /// Free bytes the cache disk is taken to have, in place of asking it (tests);
     /// `u64::MAX`: ask it.
     pub(super) free_override: AtomicU64,
+    /// The mount's device as `/proc/<pid>/maps` names it, once the adapter told it: how a
+    /// mapping of a file the kernel writes itself is recognised.
+    pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -180,6 +183,7 @@ impl<S: ObjectStore> WriteBack<S> {
             commits: Commits::new(cfg_commit_interval),
             in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
             free_override: AtomicU64::new(u64::MAX),
+            kernel_dev: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -301,6 +305,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 superseded_uncommitted: Vec::new(),
                 through: None,
                 work_live: false,
+                kernel_openers: Vec::new(),
+                kernel_ino: None,
+                mapped: false,
             };
             let shared = Shared::new(item);
             {
@@ -376,6 +383,11 @@ impl<S: ObjectStore> WriteBack<S> {
     #[cfg(test)]
     pub fn fail_journal_appends(&self, n: u32) {
         self.journal.fail_appends(n);
+    }
+
+    /// The mount's device (`major`, `minor`): the adapter tells it once mounted.
+    pub fn set_kernel_device(&self, major: u64, minor: u64) {
+        *self.kernel_dev.lock() = Some(crate::platform::maps_device(major, minor));
     }
 
     /// Makes the cache disk look as if it had `free` bytes left (`None`: as it has), for what
