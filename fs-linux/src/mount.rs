@@ -210,6 +210,10 @@ fn serve(
         .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
     {
         fs.set_kernel_device(major, minor);
+    } else {
+        tracing::warn!(
+            "cannot tell the mount's device: mappings of files the kernel writes itself are not recognised after their close"
+        );
     }
     let session = match Session::from_fd(adapter, fd, acl, Config::default()) {
         Ok(s) => s,

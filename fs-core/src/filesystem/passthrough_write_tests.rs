@@ -414,21 +414,7 @@ async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
     let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
     let file = backing(&h);
     file.set_len(8192).unwrap();
-    let len = 8192;
-    // SAFETY: a shared mapping of a file this test owns, of its length, unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&*file),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED);
-    // SAFETY: within the mapping.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+    let bytes = map_shared(&file, 8192);
     bytes[..4].copy_from_slice(b"one ");
     fs.flush(h.fh).await.unwrap();
     fs.release(h.fh).await;
@@ -451,8 +437,7 @@ async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
     );
     let got = store.object_bytes("f").unwrap();
     assert_eq!((&got[..4], got.len()), (&b"two "[..], 8192));
-    // SAFETY: the mapping made above, no longer used.
-    assert_eq!(unsafe { libc::munmap(map, len) }, 0);
+    unmap(bytes);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let wb = fs.write.as_ref().unwrap();
     assert!(
@@ -568,4 +553,116 @@ fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
             &got[..8]
         );
     }
+}
+
+/// Maps `file` shared, `len` bytes (a test standing in for a process's mapping).
+fn map_shared(file: &std::fs::File, len: usize) -> &'static mut [u8] {
+    // SAFETY: a shared mapping of a file the test owns, of its length; unmapped by `unmap`.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: within the mapping, which lives until `unmap`.
+    unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) }
+}
+
+fn unmap(bytes: &mut [u8]) {
+    // SAFETY: a mapping made by `map_shared`, no longer used.
+    assert_eq!(
+        unsafe { libc::munmap(bytes.as_mut_ptr().cast(), bytes.len()) },
+        0
+    );
+}
+
+/// A store through a mapping while the upload is under way (after it read and checked the
+/// bytes), and the mapping gone before the upload ends: the file moved since the engine's
+/// last look, so the item stays, the store is sealed as a new version and uploaded.
+#[tokio::test(start_paused = true)]
+async fn a_store_during_the_upload_is_uploaded_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let wb = fs.write.as_ref().unwrap().clone();
+    let me = CreateFlags {
+        process: Some(std::process::id()),
+        ..CreateFlags::default()
+    };
+    let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
+    let file = backing(&h);
+    file.set_len(8192).unwrap();
+    let bytes = map_shared(&file, 8192);
+    bytes[..4].copy_from_slice(b"one ");
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    drop(file);
+    // The upload's answer comes late: its bytes are in the bucket, the upload not yet over.
+    store.set_faults(Some(crate::store::memory::FaultConfig::delays(
+        3,
+        Duration::from_secs(20),
+    )));
+    for _ in 0..100_000 {
+        if store.object_bytes("f").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(&store.object_bytes("f").expect("uploaded")[..4], b"one ");
+    assert!(wb.item("f").is_some(), "the upload is still under way");
+    bytes[..4].copy_from_slice(b"two ");
+    unmap(bytes);
+    assert_eq!(fs.drain(false).await, 0);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"two ");
+    assert!(wb.item("f").is_none(), "then the item retires");
+}
+
+/// A writer through bucketdrive on a file being watched (a mapping outlived its handles):
+/// the watch does not upload what that writer has not closed.
+#[tokio::test(start_paused = true)]
+async fn a_watched_file_is_not_uploaded_while_a_writer_has_it_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let me = CreateFlags {
+        process: Some(std::process::id()),
+        ..CreateFlags::default()
+    };
+    let (attr, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
+    let file = backing(&h);
+    file.set_len(8192).unwrap();
+    let bytes = map_shared(&file, 8192);
+    bytes[..4].copy_from_slice(b"one ");
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    drop(file);
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+    // A writer beside the mapping, through bucketdrive (the mapping keeps the item; less
+    // than 1 GiB free on the cache disk hands no file to the kernel).
+    fs.write
+        .as_ref()
+        .unwrap()
+        .pretend_free_bytes(Some(512 << 20));
+    let w = fs.open(attr.ino, W).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Daemon));
+    fs.write(w.fh, 100, b"half-written").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        &store.object_bytes("f").unwrap()[100..112],
+        &[0u8; 12],
+        "nothing of an open writer's changes is uploaded"
+    );
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    unmap(bytes);
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[100..112], b"half-written");
 }

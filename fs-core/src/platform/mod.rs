@@ -271,9 +271,9 @@ pub fn maps_id(file: &std::fs::File) -> Option<(String, u64)> {
     }
 }
 
-/// Whether one of processes `pids` maps one of the files `ids` (a mapping lives on after its
-/// descriptor is closed), each named as in `/proc/<pid>/maps` (device, inode); `false` where
-/// that cannot be told.
+/// Whether one of processes `pids` maps one of the files `ids` shared (a mapping lives on
+/// after its descriptor is closed, and a shared one writes to the file), each named as in
+/// `/proc/<pid>/maps` (device, inode); `false` where that cannot be told.
 pub fn mapped_by(ids: &[(String, u64)], pids: &[u32]) -> bool {
     if !cfg!(target_os = "linux") || ids.is_empty() {
         return false;
@@ -285,10 +285,14 @@ pub fn mapped_by(ids: &[(String, u64)], pids: &[u32]) -> bool {
     pids.iter().any(|pid| {
         std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
             maps.lines().any(|line| {
-                let mut f = line.split_ascii_whitespace().skip(3);
-                let (dev, ino) = (f.next(), f.next());
-                ids.iter()
-                    .any(|(d, i)| dev == Some(*d) && ino == Some(i.as_str()))
+                let mut f = line.split_ascii_whitespace().skip(1);
+                // Only shared mappings write to the file (`rw-s`, `r--s`).
+                let shared = f.next().is_some_and(|perms| perms.ends_with('s'));
+                let (dev, ino) = (f.nth(1), f.next());
+                shared
+                    && ids
+                        .iter()
+                        .any(|(d, i)| dev == Some(*d) && ino == Some(i.as_str()))
             })
         })
     })

@@ -36,12 +36,15 @@
 //!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
 //!   looks is not seen; `EIO` from the disk is not seen either.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
-//!   can land after the last release, and after the upload. When the item could retire, the
-//!   processes that opened it passing through are asked (`/proc/<pid>/maps`) whether they
-//!   still map the file: then it stays, and a watch looks at the file every
-//!   [`MAPPING_POLL`], seals what changed as a new version (uploaded as any), and lets the
-//!   item retire once the mapping is gone. A mapping handed to a child that outlives the
-//!   process that opened the file is not seen.
+//!   can land after the last release, and after the upload. The engine remembers the file's
+//!   length and modification time at its last look (a seal, the last release); when the item
+//!   could retire, it stays if they moved since (a store while the upload ran), or if a
+//!   process that opened the file passing through still maps it shared (`/proc/<pid>/maps`
+//!   shows the mount's inode). A watch then looks at once and every [`MAPPING_POLL`]: a change
+//!   is sealed as a new version and uploaded as any; once nothing maps the file, the item
+//!   retires. An unmount's drain looks once more. A mapping handed to a child that outlives
+//!   the process that opened the file is not seen, nor a store into a page already dirty
+//!   within the same clock tick as the last look (the file's time does not move).
 //! - **Bytes no longer change in place** once the last passthrough handle is gone: a later
 //!   writer through the daemon edits a copy, as for any pending version.
 
@@ -134,6 +137,12 @@ impl<S: ObjectStore> WriteBack<S> {
                 return None;
             }
         };
+        // Stores through a mapping since the engine's last look are changes, not the start.
+        if it.kernel_seen.is_some_and(|k| k != seen) {
+            it.work.adopt(seen.0);
+            it.mtime = seen.1;
+            it.edits += 1;
+        }
         let for_kernel = file.try_clone().ok()?;
         let file = Arc::new(file);
         *item.0.backing.lock() = Some(file.clone());
@@ -164,7 +173,8 @@ impl<S: ObjectStore> WriteBack<S> {
         match it.through.as_mut() {
             Some(t) => t.handles += 1,
             None => {
-                let seen = stat(&file).unwrap_or((u64::MAX, SystemTime::UNIX_EPOCH));
+                // From the engine's last look, so that stores through a mapping since are seen.
+                let seen = it.kernel_seen.unwrap_or((u64::MAX, SystemTime::UNIX_EPOCH));
                 *item.0.backing.lock() = Some(file.clone());
                 it.through = Some(Through {
                     handles: 1,
@@ -192,7 +202,9 @@ impl<S: ObjectStore> WriteBack<S> {
             None => false,
         };
         if last && !others() {
-            it.through = None;
+            if let Some(t) = it.through.take() {
+                it.kernel_seen = Some(t.seen);
+            }
             *item.0.backing.lock() = None;
         }
     }
@@ -231,9 +243,10 @@ impl<S: ObjectStore> WriteBack<S> {
         self.recharge(shared, it);
     }
 
-    /// Whether `it`, which could retire now, stays because a process still maps its file (see
-    /// the module doc); a watch then uploads what is stored through the mapping and retires
-    /// the item once it is gone.
+    /// Whether `it`, which could retire now, stays because the kernel may still change its
+    /// file (see the module doc): a process that opened it passing through still maps it, or
+    /// it changed since the engine last looked (a store while its upload ran). A watch then
+    /// uploads what is stored and retires the item once nothing maps it.
     pub(super) fn stays_for_mapping(self: &Arc<Self>, shared: &Arc<Shared>, it: &mut Item) -> bool {
         if it.life != Life::Live {
             return false;
@@ -241,23 +254,24 @@ impl<S: ObjectStore> WriteBack<S> {
         if it.mapped {
             return true;
         }
-        if it.kernel_openers.is_empty() || !self.in_place.lock().contains(&it.work_id) {
+        let Some(seen) = it.kernel_seen else {
+            return false;
+        };
+        if !self.in_place.lock().contains(&it.work_id) {
             return false;
         }
         let Ok(file) = it.work.clone_file() else {
             return false;
         };
+        let changed = stat(&file).is_ok_and(|now| now != seen);
         let ids = self.mapping_ids(it, &file);
-        if !crate::platform::mapped_by(&ids, &it.kernel_openers) {
+        if !changed && !crate::platform::mapped_by(&ids, &it.kernel_openers) {
             return false;
         }
-        let Ok(seen) = stat(&file) else {
-            return false;
-        };
-        tracing::debug!(key = %it.key, "the file is still mapped: what is stored through the mapping is uploaded until it is gone");
+        tracing::debug!(key = %it.key, changed, "the file may still be changed through a mapping: it stays, and what is stored is uploaded");
         it.mapped = true;
         let (me, shared, id) = (self.clone(), shared.clone(), it.work_id);
-        tokio::spawn(async move { me.watch_mapping(shared, id, file, seen).await });
+        tokio::spawn(async move { me.watch_mapping(shared, id, file).await });
         true
     }
 
@@ -272,50 +286,92 @@ impl<S: ObjectStore> WriteBack<S> {
             .collect()
     }
 
-    /// The watch of a mapped file (see [`Self::stays_for_mapping`]): every [`MAPPING_POLL`],
-    /// first whether the mapping is gone, then whether the file changed (so a store made
-    /// before the mapping went is seen); a change is sealed as a new version, which is
-    /// uploaded as any.
-    async fn watch_mapping(
-        self: Arc<Self>,
-        shared: Arc<Shared>,
-        id: u64,
-        file: File,
-        mut seen: (u64, SystemTime),
-    ) {
+    /// Notes the state of the working copy's file as the version just sealed has it, when
+    /// the kernel may change it behind the engine's back (see [`Item::kernel_seen`]).
+    pub(super) fn note_kernel_seen(it: &mut Item) {
+        if it.work_live {
+            it.kernel_seen = it.work.clone_file().ok().and_then(|f| stat(&f).ok());
+        }
+    }
+
+    /// One look at a file the kernel may have changed with no handle open (a mapping): when it
+    /// moved since the engine's last look, the working copy is the file as it is, changed.
+    /// With the cache disk nearly full the store may have failed (SIGBUS for the writer): the
+    /// file is held (I10). Returns whether it changed.
+    fn look_after_kernel(&self, shared: &Shared, it: &mut Item, file: &File) -> bool {
+        let Ok(now) = stat(file) else {
+            return false;
+        };
+        if it.kernel_seen == Some(now) {
+            return false;
+        }
+        it.kernel_seen = Some(now);
+        it.work.adopt(now.0);
+        it.mtime = now.1;
+        it.edits += 1;
+        shared.publish(it);
+        self.recharge(shared, it);
+        if !self.room_for_kernel(file, HOLD_ROOM) && it.held.is_none() {
+            Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
+        }
+        true
+    }
+
+    /// Saves what a look found changed: a new version, uploaded as any; or, held, kept as not
+    /// saved.
+    async fn save_kernel_change(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let item = ItemRef(shared.clone());
+        let key = shared.item.lock().await.key.clone();
+        tracing::info!(key = %key, "a store through a mapping changed the file after its last release; it is uploaded again");
+        if let Err(e) = self.commit(&item).await {
+            let mut it = shared.item.lock().await;
+            tracing::error!(key = %it.key, error = %e, "a change made through a mapping could not be saved; it stays staged and is not uploaded");
+            self.keep_unsaved(shared, &mut it).await;
+        }
+    }
+
+    /// A look at a watched file now (an unmount's drain: the watch may not come again), its
+    /// change saved.
+    pub(super) async fn look_at_mapped(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let changed = {
+            let mut it = shared.item.lock().await;
+            if !it.mapped || it.life != Life::Live || it.handles > 0 || it.through.is_some() {
+                return;
+            }
+            match it.work.clone_file() {
+                Ok(file) => self.look_after_kernel(shared, &mut it, &file),
+                Err(_) => false,
+            }
+        };
+        if changed {
+            self.save_kernel_change(shared).await;
+        }
+    }
+
+    /// The watch of a file the kernel may still change (see [`Self::stays_for_mapping`]): at
+    /// once and then every [`MAPPING_POLL`], first whether a mapping is left, then whether
+    /// the file changed (so a store made before the mapping went is seen); a change is saved
+    /// as a new version. Handles open meanwhile take the changes at their own looks.
+    async fn watch_mapping(self: Arc<Self>, shared: Arc<Shared>, id: u64, file: File) {
         loop {
-            tokio::time::sleep(MAPPING_POLL).await;
             let (changed, gone) = {
                 let mut it = shared.item.lock().await;
                 if it.life != Life::Live || it.work_id != id {
                     // Removed, or written over through a copy: nothing more to follow.
                     it.mapped = false;
+                    if it.handles == 0 {
+                        self.retire_if_settled(&shared, &mut it);
+                    }
                     return;
                 }
                 let ids = self.mapping_ids(&it, &file);
                 let gone = !crate::platform::mapped_by(&ids, &it.kernel_openers);
-                // With passthrough handles open again, their looks take the changes.
-                let now = stat(&file).ok().filter(|_| it.through.is_none());
-                let changed = now.is_some_and(|n| n != seen);
-                if let Some(n) = now.filter(|_| changed) {
-                    seen = n;
-                    it.work.adopt(n.0);
-                    it.mtime = n.1;
-                    it.edits += 1;
-                    shared.publish(&it);
-                    self.recharge(&shared, &it);
-                }
-                (changed, gone)
+                let busy = it.handles > 0 || it.through.is_some();
+                let changed = !busy && self.look_after_kernel(&shared, &mut it, &file);
+                (changed, gone && !busy)
             };
-            let item = ItemRef(shared.clone());
             if changed {
-                let key = shared.item.lock().await.key.clone();
-                tracing::info!(key = %key, "a store through a mapping changed the file after its last release; it is uploaded again");
-                if let Err(e) = self.commit(&item).await {
-                    let mut it = shared.item.lock().await;
-                    tracing::error!(key = %it.key, error = %e, "a change made through a mapping could not be saved; it stays staged and is not uploaded");
-                    self.keep_unsaved(&shared, &mut it).await;
-                }
+                self.save_kernel_change(&shared).await;
             }
             if gone {
                 let mut it = shared.item.lock().await;
@@ -325,6 +381,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 return;
             }
+            tokio::time::sleep(MAPPING_POLL).await;
         }
     }
 
@@ -377,6 +434,7 @@ impl<S: ObjectStore> WriteBack<S> {
         v.progress = super::journal::UploadState::Staged;
         let rec = it.record(&v);
         it.pending = Some(v);
+        Self::note_kernel_seen(it);
         self.journal.put(&rec).await?;
         Ok(())
     }

@@ -144,6 +144,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 kernel_openers: Vec::new(),
                 kernel_ino: None,
                 mapped: false,
+                kernel_seen: None,
             };
             item.sched.due_in(Duration::ZERO);
             if rec.live {
@@ -259,6 +260,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     kernel_openers: Vec::new(),
                     kernel_ino: None,
                     mapped: false,
+                    kernel_seen: None,
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);

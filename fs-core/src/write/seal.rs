@@ -187,6 +187,7 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         it.next_seq += 1;
         it.pending = Some(v);
+        Self::note_kernel_seen(it);
         self.drop_unsaved_file(it);
         it.committed = it.edits;
         if let Some(o) = old.filter(|o| o.id != it.work_id) {

@@ -308,6 +308,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 kernel_openers: Vec::new(),
                 kernel_ino: None,
                 mapped: false,
+                kernel_seen: None,
             };
             let shared = Shared::new(item);
             {
@@ -541,6 +542,11 @@ impl<S: ObjectStore> WriteBack<S> {
             let mut pending = 0;
             let mut failed = 0;
             for shared in &items {
+                // A file still mapped may have changed since its watch last looked, which
+                // may not look again before the mount goes.
+                if shared.item.lock().await.mapped {
+                    self.look_at_mapped(shared).await;
+                }
                 let mut it = shared.item.lock().await;
                 if it.life == Life::Live && it.pending.is_some() {
                     pending += 1;
