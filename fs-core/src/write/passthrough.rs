@@ -43,8 +43,11 @@
 //!   shows the mount's inode). A watch then looks at once and every [`MAPPING_POLL`]: a change
 //!   is sealed as a new version and uploaded as any; once nothing maps the file, the item
 //!   retires. An unmount's drain looks once more. A mapping handed to a child that outlives
-//!   the process that opened the file is not seen, nor a store into a page already dirty
-//!   within the same clock tick as the last look (the file's time does not move).
+//!   the process that opened the file is not seen, nor a store into a page still dirty since
+//!   the engine's last look, once the upload has read it (the file's time moves only when a
+//!   clean page is first stored into; seals are written back before an upload, and a reseal
+//!   writes the file back first, so such pages are rare). A failed close is never saved by
+//!   the watch (I10).
 //! - **Bytes no longer change in place** once the last passthrough handle is gone: a later
 //!   writer through the daemon edits a copy, as for any pending version.
 
@@ -290,7 +293,10 @@ impl<S: ObjectStore> WriteBack<S> {
     /// the kernel may change it behind the engine's back (see [`Item::kernel_seen`]).
     pub(super) fn note_kernel_seen(it: &mut Item) {
         if it.work_live {
-            it.kernel_seen = it.work.clone_file().ok().and_then(|f| stat(&f).ok());
+            // On an error the last look stands: a mapping must not go unseen for it.
+            if let Some(now) = it.work.clone_file().ok().and_then(|f| stat(&f).ok()) {
+                it.kernel_seen = Some(now);
+            }
         }
     }
 
@@ -321,7 +327,16 @@ impl<S: ObjectStore> WriteBack<S> {
     /// saved.
     async fn save_kernel_change(self: &Arc<Self>, shared: &Arc<Shared>) {
         let item = ItemRef(shared.clone());
-        let key = shared.item.lock().await.key.clone();
+        let key = {
+            let mut it = shared.item.lock().await;
+            if it.close_failed {
+                // The file's last close failed (I10): what it holds now is not saved, and
+                // nothing in the background saves it.
+                self.keep_unsaved(shared, &mut it).await;
+                return;
+            }
+            it.key.clone()
+        };
         tracing::info!(key = %key, "a store through a mapping changed the file after its last release; it is uploaded again");
         if let Err(e) = self.commit(&item).await {
             let mut it = shared.item.lock().await;
@@ -418,6 +433,10 @@ impl<S: ObjectStore> WriteBack<S> {
         let (id, at) = (v.id, self.dir.staging(v.id));
         let (size, crc) = crate::platform::blocking(move || {
             let file = at.open(crate::platform::Open::new().read(true))?;
+            // Written back first: its pages are write-protected again, so a later store
+            // through a mapping moves the file's time, where the engine looks.
+            #[cfg(target_os = "linux")]
+            file.sync_data()?;
             let len = file.metadata()?.len();
             Ok((len, super::staging::crc32c_of_file(&file, len)?))
         })
