@@ -35,3 +35,18 @@ timed_dd() {
   s=$(now); dd if="$src" of="$dst" bs="$bs" status=none "$@"; e=$(now)
   awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
 }
+
+# Builds BASE (a git revision) in a worktree of its own, kept under target/ (a second run of
+# the same base builds nothing), with a target directory of its own (one shared by two
+# revisions can keep the other's binary: cargo takes the same crates at another path for
+# fresh); installs its binary as $1/bucketdrive.
+build_base() {  # DEST-DIR
+  local rev src
+  rev=$(git rev-parse "$BASE")
+  src=target/bench-base/src-$rev
+  [ -d "$src" ] || { git worktree prune; git worktree add --detach --quiet "$src" "$rev"; }
+  CARGO_TARGET_DIR="$(pwd)/target/bench-base/target-$rev" cargo build --release --quiet \
+    --manifest-path "$src/Cargo.toml" -p fs-linux
+  mkdir -p "$1"
+  install -m 0755 "target/bench-base/target-$rev/release/bucketdrive" "$1/bucketdrive"
+}

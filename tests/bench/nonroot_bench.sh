@@ -35,14 +35,8 @@ cleanup() {
 trap cleanup EXIT
 id "$BENCH_USER" >/dev/null 2>&1 || useradd --no-create-home --shell /usr/sbin/nologin "$BENCH_USER"
 
-# The base build, from a worktree of its own (kept under target/, so a second run of the same
-# base builds nothing), with a target directory of its own.
-BASE_REV=$(git rev-parse "$BASE")
-BASE_SRC=target/bench-base/src-$BASE_REV
-[ -d "$BASE_SRC" ] || { git worktree prune; git worktree add --detach --quiet "$BASE_SRC" "$BASE_REV"; }
-CARGO_TARGET_DIR="$(pwd)/target/bench-base" cargo build --release --quiet \
-  --manifest-path "$BASE_SRC/Cargo.toml" -p fs-linux
-install -m 0755 target/bench-base/release/bucketdrive "$WORK/bd-base"
+build_base "$WORK/base"
+install -m 0755 "$WORK/base/bucketdrive" "$WORK/bd-base"
 install -m 0755 target/release/bucketdrive "$WORK/bd-this"
 
 start_emulator -backend filesystem -filesystem-root "$WORK/gcs"

@@ -1053,6 +1053,9 @@ struct Soak<'a> {
     /// Whether faults are ever turned on.
     faults: bool,
     strict_errors: bool,
+    /// Mounted with `--passthrough writes`: the kernel writes new and rewritten files
+    /// straight into their staged copies.
+    passthrough: bool,
     mount: Option<Mount>,
     chooser: Chooser,
     tree: Tree,
@@ -1080,6 +1083,14 @@ const SOAK_MOUNT_ARGS: [&str; 8] = [
 ];
 
 impl Soak<'_> {
+    fn mount_args(&self) -> Vec<&'static str> {
+        let mut args = SOAK_MOUNT_ARGS.to_vec();
+        if self.passthrough {
+            args.extend(["--passthrough", "writes"]);
+        }
+        args
+    }
+
     fn mount(&self) -> &Mount {
         self.mount.as_ref().expect("mounted")
     }
@@ -1267,7 +1278,7 @@ impl Soak<'_> {
             drop(u.file.take());
         }
         self.set_faults(false)?;
-        self.mount = Some(self.rig.mount(&SOAK_MOUNT_ARGS)?);
+        self.mount = Some(self.rig.mount(&self.mount_args())?);
         self.log.push(format!("kill #{} and remount", self.kills));
         let seen = self.observe()?;
         let mut want = self.tree.clone();
@@ -1398,17 +1409,21 @@ struct SoakConfig {
     /// A failed operation must fail with an error a faulty link explains (EIO, EAGAIN,
     /// ETIMEDOUT, ESTALE); `SOAK_STRICT_ERRORS=0` accepts any error that leaves a legal state.
     strict_errors: bool,
+    /// Mount with `--passthrough writes` (`SOAK_PASSTHROUGH=1`; `0`: never; by default the
+    /// even seeds).
+    passthrough: bool,
 }
 
 impl SoakConfig {
     fn replay(&self) -> String {
         format!(
-            "SOAK_SEED={} SOAK_OPS={} SOAK_KILLS={} SOAK_FAULTS={} SOAK_STRICT_ERRORS={}",
+            "SOAK_SEED={} SOAK_OPS={} SOAK_KILLS={} SOAK_FAULTS={} SOAK_STRICT_ERRORS={} SOAK_PASSTHROUGH={}",
             self.seed,
             self.ops,
             u8::from(self.kills),
             u8::from(self.faults),
-            u8::from(self.strict_errors)
+            u8::from(self.strict_errors),
+            u8::from(self.passthrough)
         )
     }
 }
@@ -1425,7 +1440,8 @@ fn soak_seed(cfg: SoakConfig, dog: &Watchdog) -> Result<String> {
         dog,
         faults: cfg.faults,
         strict_errors: cfg.strict_errors,
-        mount: Some(rig.mount(&SOAK_MOUNT_ARGS)?),
+        passthrough: cfg.passthrough,
+        mount: None,
         chooser: Chooser {
             rng: StdRng::seed_from_u64(cfg.seed),
         },
@@ -1437,6 +1453,19 @@ fn soak_seed(cfg: SoakConfig, dog: &Watchdog) -> Result<String> {
         tolerated: Vec::new(),
         last_written: None,
     };
+    soak.mount = Some(rig.mount(&soak.mount_args())?);
+    // A seed meant to run passthrough writes must not quietly run the daemon's path.
+    if cfg.passthrough
+        && !soak
+            .mount()
+            .log_text()
+            .contains("reads and writes files being written")
+    {
+        anyhow::bail!(
+            "--passthrough writes is not in use on this mount:\n{}",
+            soak.mount().log_tail(20)
+        );
+    }
     let result = (|| {
         soak.set_faults(true)?;
         let mut next_kill = soak.chooser.rng.gen_range(10..=15);
@@ -1456,8 +1485,13 @@ fn soak_seed(cfg: SoakConfig, dog: &Watchdog) -> Result<String> {
     })();
     let faults = rig.proxy.stats().unwrap_or_else(|e| e.to_string());
     let summary = format!(
-        "seed {}: {} of {} ops done, {} kills, {} failed ops tolerated, {:.1?}; link: {faults}",
+        "seed {}{}: {} of {} ops done, {} kills, {} failed ops tolerated, {:.1?}; link: {faults}",
         cfg.seed,
+        if cfg.passthrough {
+            " (--passthrough writes)"
+        } else {
+            ""
+        },
         soak.done,
         cfg.ops,
         soak.kills,
@@ -1526,7 +1560,9 @@ fn with_watchdog<T>(
 ///
 /// `SOAK_SEED` runs one seed, else `SOAK_SEEDS` runs seeds 1 to N (default 3); `SOAK_OPS`
 /// operations per seed (default 60); `SOAK_KILLS=0` and `SOAK_FAULTS=0` leave out the kills or
-/// the faults. A failed operation must leave the state before or after it, and fail with an
+/// the faults. The even seeds mount with `--passthrough writes`, where the kernel writes new and
+/// rewritten files itself (`SOAK_PASSTHROUGH=1`: every seed, `0`: none). A failed operation must
+/// leave the state before or after it, and fail with an
 /// error a faulty link explains: with nobody else writing, `EEXIST` or `ENOENT` for an
 /// operation the reference says is valid is a bug (`SOAK_STRICT_ERRORS=0` accepts any error
 /// that leaves a legal state, to look past such a bug).
@@ -1537,6 +1573,10 @@ fn soak_random_operations_with_faults_and_daemon_kills() -> Result<()> {
     let kills = env_number("SOAK_KILLS", 1)? != 0;
     let faults = env_number("SOAK_FAULTS", 1)? != 0;
     let strict_errors = env_number("SOAK_STRICT_ERRORS", 1)? != 0;
+    let passthrough = match std::env::var("SOAK_PASSTHROUGH") {
+        Ok(_) => Some(env_number("SOAK_PASSTHROUGH", 0)? != 0),
+        Err(_) => None,
+    };
     let seeds: Vec<u64> = match std::env::var("SOAK_SEED") {
         Ok(_) => vec![env_number("SOAK_SEED", 0)?],
         Err(_) => (1..=env_number("SOAK_SEEDS", 3)?).collect(),
@@ -1548,6 +1588,7 @@ fn soak_random_operations_with_faults_and_daemon_kills() -> Result<()> {
             kills,
             faults,
             strict_errors,
+            passthrough: passthrough.unwrap_or(seed % 2 == 0),
         };
         soak_seed(cfg, dog)
     });

@@ -279,6 +279,43 @@ fn machine_with_cap(
     Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap()
 }
 
+/// A file kept as not saved holds its staged bytes until its user saves it again: no upload
+/// frees them, so a writer that needs them fails with ENOSPC at once instead of waiting
+/// `SPACE_WAIT_LIMIT` (two minutes) for uploads that cannot come. Timed on tokio's paused
+/// clock, which the wait would have moved on by its whole length.
+#[tokio::test(start_paused = true)]
+async fn a_writer_does_not_wait_for_space_a_file_not_saved_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", vec![1u8; 60_000]);
+    let fs = machine_with_cap(&store, dir.path(), "m1", 100_000);
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let h = fs.open(f.ino, W).await.unwrap();
+    fs.write(h.fh, 10, b"edit").await.unwrap();
+    store.set_offline(true);
+    assert!(fs.flush(h.fh).await.is_err(), "its bytes cannot be fetched");
+    fs.release(h.fh).await;
+    store.set_offline(false);
+    assert_eq!(fs.write_status().await.held_files, 1);
+    let started = tokio::time::Instant::now();
+    let (_, g) = fs.create(ROOT_INO, "g").await.unwrap();
+    let mut failed = None;
+    for i in 0..10u64 {
+        if let Err(e) = fs.write(g.fh, i * 10_000, &[3u8; 10_000]).await {
+            failed = Some(e);
+            break;
+        }
+    }
+    assert_eq!(failed, Some(FsError::NoSpace));
+    assert!(
+        started.elapsed() < crate::write::writeback::SPACE_WAIT_LIMIT / 2,
+        "waited {:?} for space no upload frees",
+        started.elapsed()
+    );
+    fs.release(g.fh).await;
+    assert_eq!(store.object_bytes("f").unwrap(), vec![1u8; 60_000]);
+}
+
 /// Case 3: `cp` of a file over an existing object on a mount whose `--cache-size` is smaller
 /// than the file. A write fails with ENOSPC, and so does the close; the bucket keeps the whole
 /// old object, and nothing of the failed copy is ever uploaded (I10), even after the last

@@ -179,6 +179,12 @@ impl Item {
         self.edits != self.committed
     }
 
+    /// Changed, and nothing will save it: a write failed, or the last close did and no handle
+    /// is left to try again. Only the user saving it again moves it; no upload frees its space.
+    pub fn not_saved(&self) -> bool {
+        self.held.is_some() || (self.dirty() && self.handles == 0)
+    }
+
     /// Whether the item's task has work: a version to upload.
     pub fn has_work(&self) -> bool {
         self.life == Life::Live && self.pending.is_some()

@@ -88,6 +88,7 @@ pub mod commit;
 pub mod item;
 pub mod journal;
 pub mod name_changes;
+pub mod part_buffers;
 pub mod passthrough;
 pub mod ranges;
 pub mod replay;

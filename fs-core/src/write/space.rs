@@ -3,7 +3,8 @@
 //! Every item is charged the bytes its staging files will reach (its working copy, plus the
 //! acknowledged version it keeps apart while that is uploading). A charge that does not fit
 //! makes the closed files upload now and waits for their space to come back; it fails with
-//! `ENOSPC` only when the files still open could not fit even if everything else were uploaded,
+//! `ENOSPC` only when the files still open (and those not saved, which no upload frees) could
+//! not fit even if everything else were uploaded,
 //! or when uploads free nothing for [`SPACE_WAIT_LIMIT`]. Reservations never block a file that
 //! fits, and nothing here holds a lock while it waits. Times are tokio's, so a paused test
 //! clock drives them.
@@ -54,7 +55,7 @@ impl Space {
     }
 
     /// Makes sure `charge` is at least `size`, waiting for uploads when the space is full.
-    /// `open_bytes` tells how much open files hold (uploads cannot free that); `own_open`
+    /// `open_bytes` tells how much open and not saved files hold (uploads cannot free that); `own_open`
     /// whether this item is one of them; `hurry` asks closed files to upload now.
     pub async fn reserve(
         &self,
@@ -95,7 +96,7 @@ impl Space {
                 tracing::warn!(
                     limit,
                     open_bytes = open,
-                    "cache size reached by files still open"
+                    "cache size reached by files still open or not saved"
                 );
                 return Err(FsError::NoSpace);
             }

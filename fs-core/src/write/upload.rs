@@ -41,6 +41,7 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::journal::{PartRecord, UploadState};
+use super::part_buffers::PartBuffers;
 use crate::store::{
     ChunkOutcome, ObjectMeta, ObjectStore, Precondition, StoreError, StoreErrorKind, StoreResult,
     WriteOptions, WRITER_KEY,
@@ -83,18 +84,21 @@ impl Default for UploadConfig {
     }
 }
 
-/// Bytes to upload: a read-only handle on a complete staging file.
+/// Bytes to upload: a read-only handle on a complete staging file, and the buffers its parts
+/// are read into ([`PartBuffers`]).
 #[derive(Debug, Clone)]
 pub struct UploadSource {
     file: Arc<File>,
     size: u64,
+    buffers: Arc<PartBuffers>,
 }
 
 impl UploadSource {
-    pub fn new(file: File, size: u64) -> Self {
+    pub fn new(file: File, size: u64, buffers: Arc<PartBuffers>) -> Self {
         UploadSource {
             file: Arc::new(file),
             size,
+            buffers,
         }
     }
 
@@ -104,13 +108,12 @@ impl UploadSource {
 
     /// Reads `range` off the runtime's worker threads.
     pub async fn read(&self, range: Range<u64>) -> StoreResult<Bytes> {
-        let file = self.file.clone();
-        crate::platform::blocking(move || {
-            let mut buf = vec![0u8; (range.end - range.start) as usize];
-            crate::platform::read_exact_at(&file, &mut buf, range.start).map(|_| Bytes::from(buf))
-        })
-        .await
-        .map_err(|e| StoreError::new(StoreErrorKind::Other, format!("reading staged data: {e}")))
+        let (file, buffers) = (self.file.clone(), self.buffers.clone());
+        crate::platform::blocking(move || buffers.read_at(&file, range))
+            .await
+            .map_err(|e| {
+                StoreError::new(StoreErrorKind::Other, format!("reading staged data: {e}"))
+            })
     }
 }
 

@@ -186,7 +186,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     .fetch_add(1, Ordering::Relaxed);
                 let result = upload(
                     self.store.as_ref(),
-                    &UploadSource::new(file, v.size),
+                    &UploadSource::new(file, v.size, self.part_buffers.clone()),
                     &job,
                     &self.cfg.upload,
                     &v.progress,

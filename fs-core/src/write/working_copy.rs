@@ -8,6 +8,7 @@
 //! user wrote may be missing from it, so it is never committed until rewritten whole.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::item::{Item, ItemRef, Life, Shared};
@@ -80,13 +81,23 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Charges the item for `size` staged bytes in all, waiting for space if need be.
     pub(super) async fn reserve_bytes(&self, shared: &Shared, size: u64) -> FsResult<()> {
+        // What no upload can free: files still open, and the working copies of files not
+        // saved (those wait for their user, not for the bucket; a version of theirs being
+        // uploaded still frees its own file). An item another task holds locked just now
+        // counts as freeable; the next look (a second later) sees it.
         let open_bytes = || {
-            self.by_key
-                .lock()
-                .values()
-                .filter(|s| s.open.load(Ordering::SeqCst) > 0)
-                .map(|s| s.charged.load(Ordering::SeqCst))
-                .sum::<u64>()
+            let items: Vec<Arc<Shared>> = self.by_key.lock().values().cloned().collect();
+            let held = |s: &Shared| {
+                let charged = s.charged.load(Ordering::SeqCst);
+                if s.open.load(Ordering::SeqCst) > 0 {
+                    return charged;
+                }
+                match s.item.try_lock() {
+                    Ok(it) if it.not_saved() => it.work.size().min(charged),
+                    _ => 0,
+                }
+            };
+            items.iter().map(|s| held(s)).sum::<u64>()
         };
         self.space
             .reserve(

@@ -28,6 +28,7 @@ use super::cache_dir::CacheDir;
 use super::commit::Commits;
 use super::item::{Item, Life, Shared, Version};
 use super::journal::Journal;
+use super::part_buffers::PartBuffers;
 use super::ranges::RangeSet;
 use super::scheduler::Sched;
 use super::space::Space;
@@ -127,6 +128,8 @@ pub struct WriteBack<S: ObjectStore> {
     /// The mount's device as `/proc/<pid>/maps` names it, once the adapter told it: how a
     /// mapping of a file the kernel writes itself is recognised.
     pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
+    /// What uploads read their parts into, kept from one part to the next.
+    pub(super) part_buffers: Arc<super::part_buffers::PartBuffers>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -164,7 +167,13 @@ impl<S: ObjectStore> WriteBack<S> {
                 Ok(named)
             }),
         );
+        // One upload's parts in flight: what an upload holds anyway while it runs.
+        let up = &cfg.upload;
+        let buffers =
+            (up.concurrency.max(1) as u64).saturating_mul(up.part_size.max(up.chunk_size));
+        let part_buffers = PartBuffers::new(buffers.min(512 << 20) as usize);
         Ok(Arc::new(WriteBack {
+            part_buffers,
             slots: Arc::new(Semaphore::new(cfg.files_concurrency.max(1))),
             space: Space::new(cfg.cache_size),
             store,
@@ -599,9 +608,7 @@ impl<S: ObjectStore> WriteBack<S> {
             if it.life != Life::Live {
                 continue;
             }
-            // Changed, and nothing will save it: a write failed, or the last close did and no
-            // handle is left to try again.
-            let not_saved = it.held.is_some() || (it.dirty() && it.handles == 0);
+            let not_saved = it.not_saved();
             if not_saved {
                 s.held_files += 1;
                 s.held_bytes += it.work.size();

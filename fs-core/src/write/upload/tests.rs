@@ -6,7 +6,11 @@ use crate::store::memory::MemoryStore;
 fn source(data: &[u8]) -> (tempfile::NamedTempFile, UploadSource) {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     std::io::Write::write_all(&mut f, data).unwrap();
-    let src = UploadSource::new(f.reopen().unwrap(), data.len() as u64);
+    let src = UploadSource::new(
+        f.reopen().unwrap(),
+        data.len() as u64,
+        super::PartBuffers::new(64 << 20),
+    );
     (f, src)
 }
 

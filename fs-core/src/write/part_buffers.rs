@@ -1,0 +1,214 @@
+//! The memory an upload reads its staging file into, used again part after part.
+//!
+//! An upload reads each part (32 MiB by default) off the staging file into memory before it
+//! sends it. A buffer that size, freshly allocated, is fresh memory: the kernel faults in and
+//! zeroes every page of it, and only then does the read copy the file's bytes over the zeroes.
+//! Measured, that zeroing cost more CPU than the read and the send together (`benchmarks.md`,
+//! "What the daemon spends on a GiB written").
+//!
+//! So a part's buffer comes back here once every copy of its [`Bytes`] is dropped (the HTTP
+//! client's, a retry's), and the next part is read into it: no fault, no zeroing. The pool
+//! keeps at most `cap` bytes, which is what one upload holds in flight anyway, and lets go of
+//! everything once no buffer was taken for [`IDLE`], so an idle mount holds none of it.
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// How long a returned buffer waits for the next part before it is let go.
+pub const IDLE: Duration = Duration::from_secs(5);
+
+/// Buffers free to read the next part into.
+#[derive(Debug)]
+pub struct PartBuffers {
+    cap: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    free: Vec<Vec<u8>>,
+    /// Bytes (capacity) of the buffers in `free`.
+    bytes: usize,
+    /// When a buffer was last taken or returned.
+    used: Option<Instant>,
+    /// A task that lets go of idle buffers is running.
+    trimming: bool,
+}
+
+impl PartBuffers {
+    /// A pool keeping at most `cap` bytes of free buffers.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(PartBuffers {
+            cap,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Reads `range` of `file` into a buffer of the pool; the buffer comes back when the
+    /// returned bytes (and every clone of them) are dropped. Blocking: call it off the
+    /// runtime's worker threads.
+    pub fn read_at(self: &Arc<Self>, file: &File, range: Range<u64>) -> std::io::Result<Bytes> {
+        let len = usize::try_from(range.end - range.start)
+            .map_err(|_| std::io::Error::other("part too large for memory"))?;
+        let mut buf = self.take(len);
+        // Only what the buffer never held is zeroed (none of it when it held a part as long).
+        buf.resize(len, 0);
+        crate::platform::read_exact_at(file, &mut buf, range.start)?;
+        Ok(Bytes::from_owner(Pooled {
+            buf,
+            pool: Arc::downgrade(self),
+        }))
+    }
+
+    /// The smallest free buffer that holds `len` bytes without growing, else a new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut s = self.state.lock();
+        s.used = Some(Instant::now());
+        let best = (s.free.iter().enumerate())
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let buf = s.free.swap_remove(i);
+                s.bytes -= buf.capacity();
+                buf
+            }
+            // Zeroed by the kernel as it faults each page in, not by a pass of ours.
+            None => vec![0; len],
+        }
+    }
+
+    fn give_back(self: &Arc<Self>, buf: Vec<u8>) {
+        let mut s = self.state.lock();
+        if s.bytes + buf.capacity() > self.cap {
+            return;
+        }
+        s.bytes += buf.capacity();
+        s.free.push(buf);
+        s.used = Some(Instant::now());
+        // Outside a runtime (a test's thread) nothing trims: the pool is dropped with it.
+        if !s.trimming {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                s.trimming = true;
+                rt.spawn(Self::trim(Arc::downgrade(self)));
+            }
+        }
+    }
+
+    /// Lets go of every free buffer once none was taken or returned for [`IDLE`].
+    async fn trim(pool: Weak<Self>) {
+        let mut wait = IDLE;
+        loop {
+            tokio::time::sleep(wait).await;
+            let Some(pool) = pool.upgrade() else { return };
+            let mut s = pool.state.lock();
+            let idle = s.used.map_or(IDLE, |t| t.elapsed());
+            if idle < IDLE {
+                wait = IDLE - idle;
+                continue;
+            }
+            s.free = Vec::new();
+            s.bytes = 0;
+            s.trimming = false;
+            return;
+        }
+    }
+
+    /// Bytes of free buffers held now.
+    pub fn held(&self) -> usize {
+        self.state.lock().bytes
+    }
+}
+
+/// A part's bytes, lent out of the pool until dropped.
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Weak<PartBuffers>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.give_back(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(bytes: &[u8]) -> File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+
+    /// Reads give the file's bytes, whatever a reused buffer held before, and a buffer comes
+    /// back only once every clone of its bytes is gone.
+    #[test]
+    fn reuses_buffers_and_reads_exact_bytes() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let f = file(&data);
+        let pool = PartBuffers::new(1 << 20);
+        let a = pool.read_at(&f, 0..60_000).unwrap();
+        let a2 = a.clone();
+        drop(a);
+        assert_eq!(pool.held(), 0, "a clone still holds the buffer");
+        assert_eq!(&a2[..], &data[..60_000]);
+        let ptr = a2.as_ptr();
+        drop(a2);
+        assert!(pool.held() >= 60_000);
+        // A shorter part reuses the buffer; a longer one than any free gets a new one.
+        let b = pool.read_at(&f, 50_000..90_000).unwrap();
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(&b[..], &data[50_000..90_000]);
+        assert_eq!(pool.held(), 0);
+        let c = pool.read_at(&f, 0..100_000).unwrap();
+        assert_eq!(&c[..], &data[..]);
+        // Reading past the end fails and keeps nothing back.
+        assert!(pool.read_at(&f, 90_000..110_000).is_err());
+    }
+
+    /// The pool keeps no more than its cap.
+    #[test]
+    fn keeps_at_most_cap() {
+        let f = file(&[5u8; 4096]);
+        let pool = PartBuffers::new(6000);
+        let a = pool.read_at(&f, 0..4096).unwrap();
+        let b = pool.read_at(&f, 0..4096).unwrap();
+        drop(a);
+        drop(b);
+        assert!(pool.held() >= 4096 && pool.held() <= 6000);
+    }
+
+    /// An idle pool lets go of its buffers.
+    #[tokio::test(start_paused = true)]
+    async fn lets_go_when_idle() {
+        let f = file(&[9u8; 4096]);
+        let pool = PartBuffers::new(1 << 20);
+        drop(pool.read_at(&f, 0..4096).unwrap());
+        assert!(pool.held() >= 4096);
+        tokio::time::sleep(IDLE / 2).await;
+        // Taken and returned again: the clock starts over.
+        drop(pool.read_at(&f, 0..4096).unwrap());
+        tokio::time::sleep(IDLE / 2 + Duration::from_millis(100)).await;
+        assert!(pool.held() >= 4096);
+        tokio::time::sleep(IDLE).await;
+        assert_eq!(pool.held(), 0);
+    }
+}
