@@ -30,15 +30,8 @@ source tests/emulator.sh
 source tests/bench/common.sh
 cargo build --release --quiet -p fs-linux
 BD=target/release/bucketdrive
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/bd-close-bench.XXXX")
-MNT=$WORK/mnt
-mkdir -p "$MNT" "$WORK/gcs" "$WORK/local"
-cleanup() {
-  mountpoint -q "$MNT" && { umount "$MNT" 2>/dev/null || umount -l "$MNT"; }
-  kill "$EMU_PID" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+bench_work bd-close-bench
+mkdir -p "$WORK/local"
 
 start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
 create_bucket bench

@@ -50,3 +50,17 @@ build_base() {  # DEST-DIR
   mkdir -p "$1"
   install -m 0755 "target/bench-base/target-$rev/release/bucketdrive" "$1/bucketdrive"
 }
+
+# Makes WORK, a fresh directory under TMPDIR named after $1, with MNT and gcs/ in it, and a trap
+# that unmounts MNT, stops the emulator and removes WORK on exit.
+bench_work() {  # NAME
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXX")
+  MNT=$WORK/mnt
+  mkdir -p "$MNT" "$WORK/gcs"
+  trap bench_cleanup EXIT
+}
+bench_cleanup() {
+  mountpoint -q "$MNT" && { umount "$MNT" 2>/dev/null || umount -l "$MNT"; }
+  kill "${EMU_PID:-}" 2>/dev/null || true
+  rm -rf "$WORK"
+}

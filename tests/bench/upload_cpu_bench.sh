@@ -18,15 +18,8 @@ SIZE_MIB=${SIZE_MIB:-1024}
 source tests/emulator.sh
 source tests/bench/common.sh
 cargo build --release --quiet -p fs-linux
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/bd-upload-cpu.XXXX")
-MNT=$WORK/mnt
-cleanup() {
-  mountpoint -q "$MNT" && { umount "$MNT" 2>/dev/null || umount -l "$MNT"; }
-  kill "$EMU_PID" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-mkdir -p "$MNT" "$WORK/gcs" "$WORK/this"
+bench_work bd-upload-cpu
+mkdir -p "$WORK/this"
 build_base "$WORK/base"
 install -m 0755 target/release/bucketdrive "$WORK/this/bucketdrive"
 
