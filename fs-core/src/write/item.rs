@@ -180,9 +180,16 @@ impl Item {
     }
 
     /// Changed, and nothing will save it: a write failed, or the last close did and no handle
-    /// is left to try again. Only the user saving it again moves it; no upload frees its space.
+    /// is left to try again.
     pub fn not_saved(&self) -> bool {
         self.held.is_some() || (self.dirty() && self.handles == 0)
+    }
+
+    /// Kept as not saved for good: only its user saving it again moves it, so no upload frees
+    /// its space. Unlike [`Self::not_saved`], not a moment between a last release (a rename,
+    /// a mapping's look) and the commit that saves it.
+    pub fn kept_unsaved(&self) -> bool {
+        self.held.is_some() || self.close_failed || self.unsaved_record.is_some()
     }
 
     /// Whether the item's task has work: a version to upload.

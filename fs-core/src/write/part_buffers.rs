@@ -7,9 +7,11 @@
 //! "What the daemon spends on a GiB written").
 //!
 //! So a part's buffer comes back here once every copy of its [`Bytes`] is dropped (the HTTP
-//! client's, a retry's), and the next part is read into it: no fault, no zeroing. The pool
-//! keeps at most `cap` bytes, which is what one upload holds in flight anyway, and lets go of
-//! everything once no buffer was taken for [`IDLE`], so an idle mount holds none of it.
+//! client's, a retry's), and the next part is read into it: no fault, no zeroing (a buffer
+//! stays at its full length; a part shorter than it uses its front). The pool keeps at most
+//! `cap` bytes, about what one upload holds in flight anyway; a buffer free for [`IDLE`] is let
+//! go, so a mount that uploads nothing holds none of it; and a small part never takes a buffer
+//! many times its size (a small file uploaded every few seconds would keep the big ones).
 
 use std::fs::File;
 use std::ops::Range;
@@ -32,14 +34,16 @@ pub struct PartBuffers {
 
 #[derive(Debug, Default)]
 struct State {
-    free: Vec<Vec<u8>>,
-    /// Bytes (capacity) of the buffers in `free`.
+    /// Free buffers, each at its full length, with when it came back.
+    free: Vec<(Vec<u8>, Instant)>,
+    /// Bytes of the buffers in `free`.
     bytes: usize,
-    /// When a buffer was last taken or returned.
-    used: Option<Instant>,
     /// A task that lets go of idle buffers is running.
     trimming: bool,
 }
+
+/// A part at most this many times shorter than a free buffer is read into it.
+const MAX_WASTE: usize = 4;
 
 impl PartBuffers {
     /// A pool keeping at most `cap` bytes of free buffers.
@@ -57,27 +61,26 @@ impl PartBuffers {
         let len = usize::try_from(range.end - range.start)
             .map_err(|_| std::io::Error::other("part too large for memory"))?;
         let mut buf = self.take(len);
-        // Only what the buffer never held is zeroed (none of it when it held a part as long).
-        buf.resize(len, 0);
-        crate::platform::read_exact_at(file, &mut buf, range.start)?;
+        crate::platform::read_exact_at(file, &mut buf[..len], range.start)?;
         Ok(Bytes::from_owner(Pooled {
             buf,
+            len,
             pool: Arc::downgrade(self),
         }))
     }
 
-    /// The smallest free buffer that holds `len` bytes without growing, else a new one.
+    /// The smallest free buffer that holds `len` bytes and is not many times longer, else a
+    /// new one. Either is at least `len` long.
     fn take(&self, len: usize) -> Vec<u8> {
         let mut s = self.state.lock();
-        s.used = Some(Instant::now());
         let best = (s.free.iter().enumerate())
-            .filter(|(_, b)| b.capacity() >= len)
-            .min_by_key(|(_, b)| b.capacity())
+            .filter(|(_, (b, _))| b.len() >= len && b.len() / MAX_WASTE <= len)
+            .min_by_key(|(_, (b, _))| b.len())
             .map(|(i, _)| i);
         match best {
             Some(i) => {
-                let buf = s.free.swap_remove(i);
-                s.bytes -= buf.capacity();
+                let (buf, _) = s.free.swap_remove(i);
+                s.bytes -= buf.len();
                 buf
             }
             // Zeroed by the kernel as it faults each page in, not by a pass of ours.
@@ -87,12 +90,12 @@ impl PartBuffers {
 
     fn give_back(self: &Arc<Self>, buf: Vec<u8>) {
         let mut s = self.state.lock();
-        if s.bytes + buf.capacity() > self.cap {
+        if s.bytes + buf.len() > self.cap {
+            drop(s);
             return;
         }
-        s.bytes += buf.capacity();
-        s.free.push(buf);
-        s.used = Some(Instant::now());
+        s.bytes += buf.len();
+        s.free.push((buf, Instant::now()));
         // Outside a runtime (a test's thread) nothing trims: the pool is dropped with it.
         if !s.trimming {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -102,22 +105,31 @@ impl PartBuffers {
         }
     }
 
-    /// Lets go of every free buffer once none was taken or returned for [`IDLE`].
+    /// Lets go of each buffer once it has been free for [`IDLE`]; ends when none is left.
     async fn trim(pool: Weak<Self>) {
         let mut wait = IDLE;
         loop {
             tokio::time::sleep(wait).await;
             let Some(pool) = pool.upgrade() else { return };
-            let mut s = pool.state.lock();
-            let idle = s.used.map_or(IDLE, |t| t.elapsed());
-            if idle < IDLE {
-                wait = IDLE - idle;
-                continue;
+            let (old, done) = {
+                let mut s = pool.state.lock();
+                let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.free)
+                    .into_iter()
+                    .partition(|(_, t)| t.elapsed() >= IDLE);
+                s.bytes = keep.iter().map(|(b, _)| b.len()).sum();
+                s.free = keep;
+                let oldest = s.free.iter().map(|(_, t)| *t).min();
+                if let Some(t) = oldest {
+                    wait = IDLE.saturating_sub(t.elapsed());
+                }
+                s.trimming = oldest.is_some();
+                (old, oldest.is_none())
+            };
+            // Freed outside the lock.
+            drop(old);
+            if done {
+                return;
             }
-            s.free = Vec::new();
-            s.bytes = 0;
-            s.trimming = false;
-            return;
         }
     }
 
@@ -130,12 +142,14 @@ impl PartBuffers {
 /// A part's bytes, lent out of the pool until dropped.
 struct Pooled {
     buf: Vec<u8>,
+    /// The part's length: the front of `buf`.
+    len: usize,
     pool: Weak<PartBuffers>,
 }
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.buf
+        &self.buf[..self.len]
     }
 }
 
@@ -180,6 +194,11 @@ mod tests {
         assert_eq!(pool.held(), 0);
         let c = pool.read_at(&f, 0..100_000).unwrap();
         assert_eq!(&c[..], &data[..]);
+        drop(b);
+        // A part many times shorter than every free buffer does not take one.
+        let d = pool.read_at(&f, 0..100).unwrap();
+        assert_ne!(d.as_ptr(), ptr);
+        assert_eq!(&d[..], &data[..100]);
         // Reading past the end fails and keeps nothing back.
         assert!(pool.read_at(&f, 90_000..110_000).is_err());
     }
@@ -196,19 +215,25 @@ mod tests {
         assert!(pool.held() >= 4096 && pool.held() <= 6000);
     }
 
-    /// An idle pool lets go of its buffers.
+    /// A buffer free for IDLE is let go, even while others are in use.
     #[tokio::test(start_paused = true)]
     async fn lets_go_when_idle() {
-        let f = file(&[9u8; 4096]);
+        let f = file(&[9u8; 64 << 10]);
         let pool = PartBuffers::new(1 << 20);
-        drop(pool.read_at(&f, 0..4096).unwrap());
-        assert!(pool.held() >= 4096);
+        drop(pool.read_at(&f, 0..(64 << 10)).unwrap());
+        assert_eq!(pool.held(), 64 << 10);
         tokio::time::sleep(IDLE / 2).await;
-        // Taken and returned again: the clock starts over.
-        drop(pool.read_at(&f, 0..4096).unwrap());
-        tokio::time::sleep(IDLE / 2 + Duration::from_millis(100)).await;
-        assert!(pool.held() >= 4096);
-        tokio::time::sleep(IDLE).await;
+        // A small part, taken and returned again and again, keeps only its own buffer.
+        for _ in 0..4 {
+            drop(pool.read_at(&f, 0..4096).unwrap());
+            tokio::time::sleep(IDLE / 4).await;
+        }
+        assert_eq!(
+            pool.held(),
+            4096,
+            "the big buffer went, the small one is in use"
+        );
+        tokio::time::sleep(IDLE * 2).await;
         assert_eq!(pool.held(), 0);
     }
 }

@@ -3,11 +3,10 @@
 //! Every item is charged the bytes its staging files will reach (its working copy, plus the
 //! acknowledged version it keeps apart while that is uploading). A charge that does not fit
 //! makes the closed files upload now and waits for their space to come back; it fails with
-//! `ENOSPC` only when the files still open (and those not saved, which no upload frees) could
-//! not fit even if everything else were uploaded,
-//! or when uploads free nothing for [`SPACE_WAIT_LIMIT`]. Reservations never block a file that
-//! fits, and nothing here holds a lock while it waits. Times are tokio's, so a paused test
-//! clock drives them.
+//! `ENOSPC` only when the files still open (and those kept as not saved, which no upload frees)
+//! could not fit even if everything else were uploaded, or when uploads free nothing for
+//! [`SPACE_WAIT_LIMIT`]. Reservations never block a file that fits, and nothing here holds a
+//! lock while it waits. Times are tokio's, so a paused test clock drives them.
 //!
 //! Without `--cache-size` the bytes are still counted (against no limit), so the staged bytes
 //! the metrics report (`bucketdrive_staged_bytes`, changed here with every charge and refund)

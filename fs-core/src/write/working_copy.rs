@@ -93,7 +93,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     return charged;
                 }
                 match s.item.try_lock() {
-                    Ok(it) if it.not_saved() => it.work.size().min(charged),
+                    Ok(it) if it.kept_unsaved() => it.work.size().min(charged),
                     _ => 0,
                 }
             };
