@@ -1082,15 +1082,16 @@ const SOAK_MOUNT_ARGS: [&str; 8] = [
     "512KiB",
 ];
 
-impl Soak<'_> {
-    fn mount_args(&self) -> Vec<&'static str> {
-        let mut args = SOAK_MOUNT_ARGS.to_vec();
-        if self.passthrough {
-            args.extend(["--passthrough", "writes"]);
-        }
-        args
+/// The soak's mount options, with `--passthrough writes` when `passthrough`.
+fn soak_mount_args(passthrough: bool) -> Vec<&'static str> {
+    let mut args = SOAK_MOUNT_ARGS.to_vec();
+    if passthrough {
+        args.extend(["--passthrough", "writes"]);
     }
+    args
+}
 
+impl Soak<'_> {
     fn mount(&self) -> &Mount {
         self.mount.as_ref().expect("mounted")
     }
@@ -1278,7 +1279,7 @@ impl Soak<'_> {
             drop(u.file.take());
         }
         self.set_faults(false)?;
-        self.mount = Some(self.rig.mount(&self.mount_args())?);
+        self.mount = Some(self.rig.mount(&soak_mount_args(self.passthrough))?);
         self.log.push(format!("kill #{} and remount", self.kills));
         let seen = self.observe()?;
         let mut want = self.tree.clone();
@@ -1441,7 +1442,7 @@ fn soak_seed(cfg: SoakConfig, dog: &Watchdog) -> Result<String> {
         faults: cfg.faults,
         strict_errors: cfg.strict_errors,
         passthrough: cfg.passthrough,
-        mount: None,
+        mount: Some(rig.mount(&soak_mount_args(cfg.passthrough))?),
         chooser: Chooser {
             rng: StdRng::seed_from_u64(cfg.seed),
         },
@@ -1453,7 +1454,6 @@ fn soak_seed(cfg: SoakConfig, dog: &Watchdog) -> Result<String> {
         tolerated: Vec::new(),
         last_written: None,
     };
-    soak.mount = Some(rig.mount(&soak.mount_args())?);
     // A seed meant to run passthrough writes must not quietly run the daemon's path (the
     // line comes at the kernel's init, which may follow the mount's appearance).
     if cfg.passthrough {
@@ -1557,11 +1557,11 @@ fn with_watchdog<T>(
 /// `SOAK_SEED` runs one seed, else `SOAK_SEEDS` runs seeds 1 to N (default 3); `SOAK_OPS`
 /// operations per seed (default 60); `SOAK_KILLS=0` and `SOAK_FAULTS=0` leave out the kills or
 /// the faults. The even seeds mount with `--passthrough writes`, where the kernel writes new and
-/// rewritten files itself (`SOAK_PASSTHROUGH=1`: every seed, `0`: none). A failed operation must
-/// leave the state before or after it, and fail with an
-/// error a faulty link explains: with nobody else writing, `EEXIST` or `ENOENT` for an
-/// operation the reference says is valid is a bug (`SOAK_STRICT_ERRORS=0` accepts any error
-/// that leaves a legal state, to look past such a bug).
+/// rewritten files itself (`SOAK_PASSTHROUGH=1`: every seed, `0`: none). A failed operation
+/// must leave the state before or after it, and fail with an error a faulty link explains:
+/// with nobody else writing, `EEXIST` or `ENOENT` for an operation the reference says is valid
+/// is a bug (`SOAK_STRICT_ERRORS=0` accepts any error that leaves a legal state, to look past
+/// such a bug).
 #[test]
 fn soak_random_operations_with_faults_and_daemon_kills() -> Result<()> {
     let _serial = serial();

@@ -54,8 +54,9 @@ impl Space {
     }
 
     /// Makes sure `charge` is at least `size`, waiting for uploads when the space is full.
-    /// `open_bytes` tells how much open and not saved files hold (uploads cannot free that); `own_open`
-    /// whether this item is one of them; `hurry` asks closed files to upload now.
+    /// `open_bytes` tells how much open files, and files kept as not saved, hold (uploads
+    /// cannot free that); `own_open` whether this item is open; `hurry` asks closed files to
+    /// upload now.
     pub async fn reserve(
         &self,
         charge: &AtomicU64,
@@ -95,7 +96,7 @@ impl Space {
                 tracing::warn!(
                     limit,
                     open_bytes = open,
-                    "cache size reached by files still open or not saved"
+                    "cache size reached by files still open or kept as not saved"
                 );
                 return Err(FsError::NoSpace);
             }

@@ -81,8 +81,8 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Charges the item for `size` staged bytes in all, waiting for space if need be.
     pub(super) async fn reserve_bytes(&self, shared: &Shared, size: u64) -> FsResult<()> {
-        // What no upload can free: files still open, and the working copies of files not
-        // saved (those wait for their user, not for the bucket; a version of theirs being
+        // What no upload can free: files still open, and the working copies of files kept as
+        // not saved (those wait for their user, not for the bucket; a version of theirs being
         // uploaded still frees its own file). An item another task holds locked just now
         // counts as freeable; the next look (a second later) sees it.
         let open_bytes = || {

@@ -129,7 +129,7 @@ pub struct WriteBack<S: ObjectStore> {
     /// mapping of a file the kernel writes itself is recognised.
     pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
     /// What uploads read their parts into, kept from one part to the next.
-    pub(super) part_buffers: Arc<super::part_buffers::PartBuffers>,
+    pub(super) part_buffers: Arc<PartBuffers>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
