@@ -624,6 +624,55 @@ async fn a_store_during_the_upload_is_uploaded_after_it() {
     assert!(wb.item("f").is_none(), "then the item retires");
 }
 
+/// An unmount's drain that comes while the watch has found a store through the mapping but
+/// not yet begun to save it (it takes the item's lock again to commit): the drain saves the
+/// change itself and waits for its upload, instead of taking the file for done.
+#[tokio::test(start_paused = true)]
+async fn a_drain_between_the_watchs_look_and_its_save_saves_the_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let wb = fs.write.as_ref().unwrap().clone();
+    let me = CreateFlags {
+        process: Some(std::process::id()),
+        ..CreateFlags::default()
+    };
+    let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
+    let file = backing(&h);
+    file.set_len(8192).unwrap();
+    let bytes = map_shared(&file, 8192);
+    bytes[..4].copy_from_slice(b"one ");
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    drop(file);
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+    let gate = Arc::new(tokio::sync::Barrier::new(2));
+    *wb.mapped_save_gate.lock() = Some(gate.clone());
+    bytes[..4].copy_from_slice(b"two ");
+    // The watch's next look finds the store and stops before its save.
+    tokio::time::timeout(Duration::from_secs(60), gate.wait())
+        .await
+        .expect("the watch looks");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
+            .await
+            .expect("drain ends"),
+        0
+    );
+    assert_eq!(
+        &store.object_bytes("f").unwrap()[..4],
+        b"two ",
+        "the drain ended with the change in the bucket"
+    );
+    gate.wait().await;
+    *wb.mapped_save_gate.lock() = None;
+    unmap(bytes);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"two ");
+}
+
 /// A writer through bucketdrive on a file being watched (a mapping outlived its handles):
 /// the watch does not upload what that writer has not closed.
 #[tokio::test(start_paused = true)]

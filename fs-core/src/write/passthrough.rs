@@ -353,10 +353,14 @@ impl<S: ObjectStore> WriteBack<S> {
             if !it.mapped || it.life != Life::Live || it.handles > 0 || it.through.is_some() {
                 return;
             }
-            match it.work.clone_file() {
+            let looked = match it.work.clone_file() {
                 Ok(file) => self.look_after_kernel(shared, &mut it, &file),
                 Err(_) => false,
-            }
+            };
+            // A change the watch found but has not yet begun to save (it takes the lock
+            // again to commit): saved here, as the watch may not get to it before the mount
+            // goes. A commit already under way holds the lock, so this finds it done.
+            looked || (it.dirty() && !it.kept_unsaved())
         };
         if changed {
             self.save_kernel_change(shared).await;
@@ -386,6 +390,8 @@ impl<S: ObjectStore> WriteBack<S> {
                 (changed, gone && !busy)
             };
             if changed {
+                #[cfg(test)]
+                self.pause_before_mapped_save().await;
                 self.save_kernel_change(&shared).await;
             }
             if gone {
@@ -397,6 +403,17 @@ impl<S: ObjectStore> WriteBack<S> {
                 return;
             }
             tokio::time::sleep(MAPPING_POLL).await;
+        }
+    }
+
+    /// Tests: holds the watch between a look that found a change and its save, while a
+    /// gate is set (two meetings: one to say it is there, one to let it go).
+    #[cfg(test)]
+    async fn pause_before_mapped_save(&self) {
+        let gate = self.mapped_save_gate.lock().clone();
+        if let Some(gate) = gate {
+            gate.wait().await;
+            gate.wait().await;
         }
     }
 

@@ -130,6 +130,9 @@ pub struct WriteBack<S: ObjectStore> {
     pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
     /// What uploads read their parts into, kept from one part to the next.
     pub(super) part_buffers: Arc<PartBuffers>,
+    /// Tests: where a mapping's watch waits between finding a change and saving it.
+    #[cfg(test)]
+    pub(crate) mapped_save_gate: parking_lot::Mutex<Option<Arc<tokio::sync::Barrier>>>,
 }
 
 impl<S: ObjectStore> WriteBack<S> {
@@ -193,6 +196,8 @@ impl<S: ObjectStore> WriteBack<S> {
             in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
             free_override: AtomicU64::new(u64::MAX),
             kernel_dev: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            mapped_save_gate: parking_lot::Mutex::new(None),
         }))
     }
 
