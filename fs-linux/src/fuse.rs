@@ -546,7 +546,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         reply: ReplyWrite,
     ) {
         let fs = self.fs.clone();
-        let data = data.to_vec();
+        let data = fs.write_bytes(data);
         self.rt.spawn(async move {
             match fs.write(fh.0, offset, &data).await {
                 Ok(n) => reply.written(n),

@@ -2,13 +2,14 @@
 # What the daemon spends on a GiB written, from the write until it is in the bucket: this build
 # beside the build at BASE (a git revision), alternated, in the same run.
 #
-#   BASE=<rev> bash tests/bench/upload_cpu_bench.sh    # RUNS=5 SIZE_MIB=1024
+#   BASE=<rev> bash tests/bench/upload_cpu_bench.sh    # RUNS=5 SIZE_MIB=1024; PT=0: defaults only
 #
 # Root mount, release builds, the emulator (filesystem backend) on loopback. Each run writes
 # SIZE_MIB with dd bs=1M onto a mount of each build, with default options and with
 # --passthrough writes, and samples the daemon's CPU seconds when dd returns and again once
 # the file is in the bucket (the commit, a passthrough file's CRC32C pass and the upload), and
-# the seconds from dd's return until then. Every object is checked in the bucket (sha256).
+# the seconds dd took (close included) and from its return until then. Every object is checked
+# in the bucket (sha256).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=${BASE:?BASE=<git revision> to compare with}
@@ -37,7 +38,7 @@ one() {  # BUILD KEY [mount options...]
     --log-file "$WORK/bd.log" "$@"
   pid=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
   c0=$(cpu_s "$pid")
-  timed_dd "$WORK/src" "$MNT/big" 1M >/dev/null
+  add "${key}_dd" "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
   c1=$(cpu_s "$pid"); e=$(now)
   "$bd" status --wait "$MNT" >/dev/null
   c2=$(cpu_s "$pid"); u=$(now)
@@ -56,19 +57,21 @@ for r in $(seq "$RUNS"); do
   # Alternated, the order swapped every run: the disk's drift falls on both.
   for b in $( ((r % 2)) && echo "base this" || echo "this base"); do
     one "$b" "${b}_bd"
-    one "$b" "${b}_pt" --passthrough writes
+    [ "${PT:-1}" = 0 ] || one "$b" "${b}_pt" --passthrough writes
   done
 done
 
 row() {  # LABEL KEY
-  echo "| $1 | $(med "base_${2}_close") | $(med "this_${2}_close") | $(med "base_${2}_all") | $(med "this_${2}_all") | $(ratio "$(med "this_${2}_all")" "$(med "base_${2}_all")") | $(med "base_${2}_up") | $(med "this_${2}_up") |"
+  [ -n "${R[base_${2}_close]:-}" ] || return 0
+  echo "| $1 | $(med "base_${2}_close") | $(med "this_${2}_close") | $(med "base_${2}_all") | $(med "this_${2}_all") | $(ratio "$(med "this_${2}_all")" "$(med "base_${2}_all")") | $(med "base_${2}_dd") | $(med "this_${2}_dd") | $(med "base_${2}_up") | $(med "this_${2}_up") |"
 }
 echo
 echo "Daemon CPU seconds per GiB written ($SIZE_MIB MiB dd bs=1M), medians of $RUNS runs, base $(git rev-parse --short "$BASE")"
-echo "alternated with this build; and seconds from dd's return until the file is in the bucket"
+echo "alternated with this build; the seconds dd took (close included), and from its return until"
+echo "the file is in the bucket"
 echo
-echo "| mount | until close, base | this | until in the bucket, base | this | ÷ | upload s, base | this |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| mount | CPU until close, base | this | CPU until in the bucket, base | this | ÷ | dd s, base | this | upload s, base | this |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 row "default" bd
 row "--passthrough writes" pt
 echo

@@ -351,6 +351,15 @@ impl<S: ObjectStore> Filesystem<S> {
         result
     }
 
+    /// A write request's bytes, copied out of the adapter's buffer (which the kernel fills
+    /// again with the next request) for a [`Self::write`] that runs later.
+    pub fn write_bytes(&self, data: &[u8]) -> bytes::Bytes {
+        match &self.write {
+            Some(w) => w.request_bytes(data),
+            None => bytes::Bytes::copy_from_slice(data),
+        }
+    }
+
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let file = self.handle(fh)?;
         match &file.io {

@@ -83,12 +83,12 @@
 //! - [`space`]: `--cache-size` accounting. [`status`]: counters for `bucketdrive status`.
 //! - [`cache_dir`]: the locked cache directory, its tag and its owner; which one a mount uses.
 
+pub mod buffer_pool;
 pub mod cache_dir;
 pub mod commit;
 pub mod item;
 pub mod journal;
 pub mod name_changes;
-pub mod part_buffers;
 pub mod passthrough;
 pub mod ranges;
 pub mod replay;

@@ -353,16 +353,19 @@ impl CrcRuns {
             return;
         }
         let (mut start, mut end) = (offset, offset + data.len() as u64);
-        let mut crc = crc32c::crc32c(data);
         self.forget(start, end);
-        // Merge with the run ending where this one starts, and the one starting where it ends.
-        if let Some((&s, &(e, c))) = self.runs.range(..start).next_back() {
-            if e == start {
+        // Merge with the run ending where this one starts (an append: its CRC carries on
+        // over the new bytes, where combining two CRCs would cost a pass of its own), and
+        // the one starting where it ends.
+        let before = self.runs.range(..start).next_back().map(|(&s, &r)| (s, r));
+        let mut crc = match before {
+            Some((s, (e, c))) if e == start => {
                 self.runs.remove(&s);
-                crc = crc32c::crc32c_combine(c, crc, (end - start) as usize);
                 start = s;
+                crc32c::crc32c_append(c, data)
             }
-        }
+            _ => crc32c::crc32c(data),
+        };
         if let Some(&(e, c)) = self.runs.get(&end) {
             self.runs.remove(&end);
             crc = crc32c::crc32c_combine(crc, c, (e - end) as usize);

@@ -40,8 +40,8 @@ use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use tracing::Instrument;
 
+use super::buffer_pool::BufferPool;
 use super::journal::{PartRecord, UploadState};
-use super::part_buffers::PartBuffers;
 use crate::store::{
     ChunkOutcome, ObjectMeta, ObjectStore, Precondition, StoreError, StoreErrorKind, StoreResult,
     WriteOptions, WRITER_KEY,
@@ -85,16 +85,16 @@ impl Default for UploadConfig {
 }
 
 /// Bytes to upload: a read-only handle on a complete staging file, and the buffers its parts
-/// are read into ([`PartBuffers`]).
+/// are read into ([`BufferPool`]).
 #[derive(Debug, Clone)]
 pub struct UploadSource {
     file: Arc<File>,
     size: u64,
-    buffers: Arc<PartBuffers>,
+    buffers: Arc<BufferPool>,
 }
 
 impl UploadSource {
-    pub fn new(file: File, size: u64, buffers: Arc<PartBuffers>) -> Self {
+    pub fn new(file: File, size: u64, buffers: Arc<BufferPool>) -> Self {
         UploadSource {
             file: Arc::new(file),
             size,

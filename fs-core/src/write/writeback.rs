@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::buffer_pool::BufferPool;
 use super::cache_dir::CacheDir;
 use super::commit::Commits;
 use super::item::{Item, Life, Shared, Version};
 use super::journal::Journal;
-use super::part_buffers::PartBuffers;
 use super::ranges::RangeSet;
 use super::scheduler::Sched;
 use super::space::Space;
@@ -129,11 +129,21 @@ pub struct WriteBack<S: ObjectStore> {
     /// mapping of a file the kernel writes itself is recognised.
     pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
     /// What uploads read their parts into, kept from one part to the next.
-    pub(super) part_buffers: Arc<PartBuffers>,
+    pub(super) part_buffers: Arc<BufferPool>,
+    /// What big write requests are copied into out of the adapter's buffer.
+    pub(super) request_buffers: Arc<BufferPool>,
     /// Tests: where a mapping's watch waits between finding a change and saving it.
     #[cfg(test)]
     pub(crate) mapped_save_gate: parking_lot::Mutex<Option<Arc<tokio::sync::Barrier>>>,
 }
+
+/// Free memory kept for write requests: half of what the kernel may have in flight (64
+/// background requests of up to 1 MiB).
+const REQUEST_BUFFERS: usize = 32 << 20;
+
+/// Requests shorter than this are copied into fresh memory: small allocations come from the
+/// allocator's free lists without a fault, and would crowd the pool's list.
+pub const POOLED_REQUEST: usize = 64 << 10;
 
 impl<S: ObjectStore> WriteBack<S> {
     /// Opens the cache directory (locking it) and the journal. `on_settled` is told when a key's
@@ -174,9 +184,10 @@ impl<S: ObjectStore> WriteBack<S> {
         let up = &cfg.upload;
         let buffers =
             (up.concurrency.max(1) as u64).saturating_mul(up.part_size.max(up.chunk_size));
-        let part_buffers = PartBuffers::new(buffers.min(512 << 20) as usize);
+        let part_buffers = BufferPool::new(buffers.min(512 << 20) as usize);
         Ok(Arc::new(WriteBack {
             part_buffers,
+            request_buffers: BufferPool::new(REQUEST_BUFFERS),
             slots: Arc::new(Semaphore::new(cfg.files_concurrency.max(1))),
             space: Space::new(cfg.cache_size),
             store,
@@ -199,6 +210,16 @@ impl<S: ObjectStore> WriteBack<S> {
             #[cfg(test)]
             mapped_save_gate: parking_lot::Mutex::new(None),
         }))
+    }
+
+    /// The bytes of a write request, copied out of a buffer the caller reuses so that the
+    /// write can run later; big ones into memory used again ([`BufferPool`]).
+    pub fn request_bytes(&self, data: &[u8]) -> bytes::Bytes {
+        if data.len() >= POOLED_REQUEST {
+            self.request_buffers.copy_of(data)
+        } else {
+            bytes::Bytes::copy_from_slice(data)
+        }
     }
 
     pub fn config(&self) -> &WriteConfig {

@@ -9,7 +9,7 @@ fn source(data: &[u8]) -> (tempfile::NamedTempFile, UploadSource) {
     let src = UploadSource::new(
         f.reopen().unwrap(),
         data.len() as u64,
-        super::PartBuffers::new(64 << 20),
+        super::BufferPool::new(64 << 20),
     );
     (f, src)
 }

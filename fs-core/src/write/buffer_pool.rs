@@ -1,17 +1,20 @@
-//! The memory an upload reads its staging file into, used again part after part.
+//! Memory the write path fills again and again: upload parts read off a staging file, and
+//! write requests copied out of the kernel's buffer.
 //!
 //! An upload reads each part (32 MiB by default) off the staging file into memory before it
-//! sends it. A buffer that size, freshly allocated, is fresh memory: the kernel faults in and
-//! zeroes every page of it, and only then does the read copy the file's bytes over the zeroes.
-//! Measured, that zeroing cost more CPU than the read and the send together (`benchmarks.md`,
-//! "What the daemon spends on a GiB written").
+//! sends it; a write request from the kernel (up to 1 MiB) is copied out of the FUSE
+//! adapter's buffer before the engine writes it to the staging file. A buffer that size,
+//! freshly allocated, is fresh memory: the kernel faults in and zeroes every page of it, and
+//! only then are the bytes copied over the zeroes. Measured, that zeroing cost more CPU than
+//! the read and the send together (`benchmarks.md`, "What the daemon spends on a GiB
+//! written"); for write requests, a fifth of the daemon's CPU until `close()`.
 //!
-//! So a part's buffer comes back here once every copy of its [`Bytes`] is dropped (the HTTP
-//! client's, a retry's), and the next part is read into it: no fault, no zeroing (a buffer
-//! stays at its full length; a part shorter than it uses its front). The pool keeps at most
-//! `cap` bytes, about what one upload holds in flight anyway; a buffer free for [`IDLE`] is let
-//! go, so a mount that uploads nothing holds none of it; and a small part never takes a buffer
-//! many times its size (a small file uploaded every few seconds would keep the big ones).
+//! So a buffer comes back here once every copy of its [`Bytes`] is dropped (the HTTP client's,
+//! a retry's, the write's), and the next part or request is copied into it: no fault, no
+//! zeroing (a buffer stays at its full length; shorter bytes use its front). A pool keeps at
+//! most `cap` bytes, about what is in flight at once anyway; a buffer free for [`IDLE`] is let
+//! go, so a mount doing nothing holds none of it; and small bytes never take a buffer many
+//! times their size (a small file uploaded every few seconds would keep the big ones).
 
 use std::fs::File;
 use std::ops::Range;
@@ -22,12 +25,12 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-/// How long a returned buffer waits for the next part before it is let go.
+/// How long a returned buffer waits to be used again before it is let go.
 pub const IDLE: Duration = Duration::from_secs(5);
 
-/// Buffers free to read the next part into.
+/// Buffers free to be filled again.
 #[derive(Debug)]
-pub struct PartBuffers {
+pub struct BufferPool {
     cap: usize,
     state: Mutex<State>,
 }
@@ -42,13 +45,13 @@ struct State {
     trimming: bool,
 }
 
-/// A part at most this many times shorter than a free buffer is read into it.
+/// Bytes at most this many times shorter than a free buffer are put in it.
 const MAX_WASTE: usize = 4;
 
-impl PartBuffers {
+impl BufferPool {
     /// A pool keeping at most `cap` bytes of free buffers.
     pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(PartBuffers {
+        Arc::new(BufferPool {
             cap,
             state: Mutex::new(State::default()),
         })
@@ -67,6 +70,18 @@ impl PartBuffers {
             len,
             pool: Arc::downgrade(self),
         }))
+    }
+
+    /// A copy of `data` in a buffer of the pool, which comes back when the returned bytes (and
+    /// every clone of them) are dropped.
+    pub fn copy_of(self: &Arc<Self>, data: &[u8]) -> Bytes {
+        let mut buf = self.take(data.len());
+        buf[..data.len()].copy_from_slice(data);
+        Bytes::from_owner(Pooled {
+            buf,
+            len: data.len(),
+            pool: Arc::downgrade(self),
+        })
     }
 
     /// The smallest free buffer that holds `len` bytes and is not many times longer, else a
@@ -139,12 +154,12 @@ impl PartBuffers {
     }
 }
 
-/// A part's bytes, lent out of the pool until dropped.
+/// Bytes lent out of the pool until dropped.
 struct Pooled {
     buf: Vec<u8>,
-    /// The part's length: the front of `buf`.
+    /// How many bytes: the front of `buf`.
     len: usize,
-    pool: Weak<PartBuffers>,
+    pool: Weak<BufferPool>,
 }
 
 impl AsRef<[u8]> for Pooled {
@@ -178,7 +193,7 @@ mod tests {
     fn reuses_buffers_and_reads_exact_bytes() {
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
         let f = file(&data);
-        let pool = PartBuffers::new(1 << 20);
+        let pool = BufferPool::new(1 << 20);
         let a = pool.read_at(&f, 0..60_000).unwrap();
         let a2 = a.clone();
         drop(a);
@@ -203,11 +218,28 @@ mod tests {
         assert!(pool.read_at(&f, 90_000..110_000).is_err());
     }
 
+    /// A copy is the bytes given, in a buffer used again once the copy is dropped, whatever
+    /// that buffer held before.
+    #[test]
+    fn copies_into_buffers_used_again() {
+        let pool = BufferPool::new(4 << 20);
+        let one = vec![1u8; 1 << 20];
+        let a = pool.copy_of(&one);
+        assert_eq!(&a[..], &one[..]);
+        let ptr = a.as_ptr();
+        drop(a);
+        let two: Vec<u8> = (0..(700u32 << 10)).map(|i| (i % 251) as u8).collect();
+        let b = pool.copy_of(&two);
+        assert_eq!(b.as_ptr(), ptr, "the free buffer is used again");
+        assert_eq!(&b[..], &two[..]);
+        assert_eq!(pool.held(), 0);
+    }
+
     /// The pool keeps no more than its cap.
     #[test]
     fn keeps_at_most_cap() {
         let f = file(&[5u8; 4096]);
-        let pool = PartBuffers::new(6000);
+        let pool = BufferPool::new(6000);
         let a = pool.read_at(&f, 0..4096).unwrap();
         let b = pool.read_at(&f, 0..4096).unwrap();
         drop(a);
@@ -219,7 +251,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lets_go_when_idle() {
         let f = file(&[9u8; 64 << 10]);
-        let pool = PartBuffers::new(1 << 20);
+        let pool = BufferPool::new(1 << 20);
         drop(pool.read_at(&f, 0..(64 << 10)).unwrap());
         assert_eq!(pool.held(), 64 << 10);
         tokio::time::sleep(IDLE / 2).await;
