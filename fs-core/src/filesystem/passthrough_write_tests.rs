@@ -399,6 +399,48 @@ async fn a_nearly_full_cache_disk_holds_a_file_the_kernel_writes() {
     assert_eq!(&store.object_bytes("f").unwrap()[..], b"new bytes");
 }
 
+/// A cache disk that fills while the kernel writes a file and is freed again before the
+/// file's close (a write may have failed; only the writer was told): the watch of the disk's
+/// free space saw it, so the close fails with ENOSPC and the object keeps its last whole
+/// version (I10), as when the close itself finds the disk full. A file begun after the dip
+/// is saved as any.
+#[tokio::test(start_paused = true)]
+async fn a_disk_full_and_freed_again_between_two_looks_holds_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let wb = fs.write.as_ref().unwrap().clone();
+    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let wt = OpenMode {
+        write: true,
+        truncate: true,
+        process: None,
+    };
+    let w = fs.open(a.ino, wt).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Passthrough(_)));
+    backing(&w).write_all_at(b"the new", 0).unwrap();
+    wb.pretend_free_bytes(Some(1 << 20));
+    tokio::time::sleep(crate::write::space_watch::POLL * 3).await;
+    wb.pretend_free_bytes(None);
+    assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(
+        &store.object_bytes("f").unwrap()[..],
+        b"the good object",
+        "the object keeps its last whole version (I10)"
+    );
+    assert_eq!(wb.status().await.held_files, 1);
+    let (_, g) = fs.create(ROOT_INO, "g").await.unwrap();
+    backing(&g).write_all_at(b"after", 0).unwrap();
+    tokio::time::sleep(crate::write::space_watch::POLL * 3).await;
+    fs.flush(g.fh).await.unwrap();
+    fs.release(g.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(&store.object_bytes("g").unwrap()[..], b"after");
+}
+
 /// A shared mapping of the backing file (the kernel maps it for a passthrough handle) that
 /// outlives every handle and the upload: the item stays while the process maps the file, a
 /// store through it is uploaded as a new version, and the item retires once it is unmapped.

@@ -248,6 +248,19 @@ impl Dir {
     }
 
     /// The names in the directory (not `.` and `..`).
+    /// Bytes an unprivileged writer may still write on the file system that holds this
+    /// directory; `None` where that cannot be told.
+    pub fn free_bytes(&self) -> Option<u64> {
+        #[cfg(unix)]
+        {
+            super::free_bytes_of(&self.fd)
+        }
+        #[cfg(windows)]
+        {
+            None
+        }
+    }
+
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         #[cfg(unix)]
         {

@@ -237,14 +237,20 @@ pub fn is_disk_full(e: &io::Error) -> bool {
 pub fn free_bytes(file: &std::fs::File) -> Option<u64> {
     #[cfg(unix)]
     {
-        let st = rustix::fs::fstatvfs(file).ok()?;
-        Some(st.f_bavail.saturating_mul(st.f_frsize))
+        free_bytes_of(file)
     }
     #[cfg(not(unix))]
     {
         let _ = file;
         None
     }
+}
+
+/// [`free_bytes`] of the file system that holds `fd` (a file or a directory).
+#[cfg(unix)]
+pub(crate) fn free_bytes_of(fd: impl std::os::fd::AsFd) -> Option<u64> {
+    let st = rustix::fs::fstatvfs(fd).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// How `/proc/<pid>/maps` names the device `major:minor`.

@@ -164,6 +164,8 @@ pub(super) struct Through {
     pub file: Arc<std::fs::File>,
     /// Length and modification time at the last look: a change shows as a difference.
     pub seen: (u64, SystemTime),
+    /// Whether the cache disk was found nearly full while the kernel wrote the file.
+    pub space: super::space_watch::Watched,
 }
 
 /// How many possibly-landed versions an item remembers.

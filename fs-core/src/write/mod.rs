@@ -95,6 +95,7 @@ pub mod replay;
 pub mod scheduler;
 pub mod seal;
 pub mod space;
+pub mod space_watch;
 pub mod staging;
 pub mod staging_pool;
 pub mod status;

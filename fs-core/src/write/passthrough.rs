@@ -34,7 +34,8 @@
 //!   one had (never uploaded, kept staged as not saved, its close failing with `ENOSPC`).
 //!   Nor is a pending version of the same file, changed in place since its seal, uploaded
 //!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
-//!   looks is not seen; `EIO` from the disk is not seen either.
+//!   looks is seen by the watch of the disk's free space ([`super::space_watch`]), unless
+//!   the dip was shorter than its poll; `EIO` from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
 //!   can land after the last release, and after the upload. The engine remembers the file's
 //!   length and modification time at its last look (a seal, the last release); when the item
@@ -55,7 +56,10 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::item::{Item, ItemRef, Life, Shared, Through};
+use super::space_watch::Watched;
 use super::writeback::WriteBack;
 use crate::error::FsResult;
 use crate::store::ObjectStore;
@@ -84,6 +88,17 @@ fn note_opener(it: &mut Item, ino: u64, pid: Option<u32>) {
         }
         it.kernel_openers.push(pid);
     }
+}
+
+/// Whether the cache disk has `room` bytes free, as `ask` tells (for an unprivileged writer:
+/// the daemon may run without the right to the file system's reserve). `pretend`: free bytes
+/// tests set in place of asking the disk (`u64::MAX`: ask it).
+fn has_room(pretend: &AtomicU64, room: u64, ask: impl FnOnce() -> Option<u64>) -> bool {
+    let free = match pretend.load(Ordering::SeqCst) {
+        u64::MAX => ask(),
+        n => Some(n),
+    };
+    free.is_none_or(|f| f >= room)
 }
 
 /// Length and modification time of a file, as the engine compares them.
@@ -147,12 +162,14 @@ impl<S: ObjectStore> WriteBack<S> {
             it.edits += 1;
         }
         let for_kernel = file.try_clone().ok()?;
+        let space = self.watch_space();
         let file = Arc::new(file);
         *item.0.backing.lock() = Some(file.clone());
         it.through = Some(Through {
             handles: 1,
             file,
             seen,
+            space,
         });
         it.work_live = true;
         note_opener(&mut it, ino, opener);
@@ -178,11 +195,13 @@ impl<S: ObjectStore> WriteBack<S> {
             None => {
                 // From the engine's last look, so that stores through a mapping since are seen.
                 let seen = it.kernel_seen.unwrap_or((u64::MAX, SystemTime::UNIX_EPOCH));
+                let space = self.watch_space();
                 *item.0.backing.lock() = Some(file.clone());
                 it.through = Some(Through {
                     handles: 1,
                     file,
                     seen,
+                    space,
                 });
             }
         }
@@ -222,7 +241,8 @@ impl<S: ObjectStore> WriteBack<S> {
         let Some(t) = it.through.as_ref() else {
             return;
         };
-        if !self.room_for_kernel(&t.file, HOLD_ROOM) && it.held.is_none() {
+        let full = t.space.dipped() || !self.room_for_kernel(&t.file, HOLD_ROOM);
+        if full && it.held.is_none() {
             Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
         let Some(t) = it.through.as_mut() else {
@@ -417,14 +437,19 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// Whether the disk that holds `file` has `room` bytes free (for an unprivileged writer:
-    /// the daemon may run without the right to the file system's reserve).
+    /// Whether the disk that holds `file` has `room` bytes free.
     fn room_for_kernel(&self, file: &File, room: u64) -> bool {
-        let free = match self.free_override.load(std::sync::atomic::Ordering::SeqCst) {
-            u64::MAX => crate::platform::free_bytes(file),
-            n => Some(n),
-        };
-        free.is_none_or(|f| f >= room)
+        has_room(&self.free_override, room, || {
+            crate::platform::free_bytes(file)
+        })
+    }
+
+    /// A file begins passing through: counted by the watch of the cache disk's free space
+    /// (the staging directory's file system: the staging files').
+    fn watch_space(&self) -> Watched {
+        let (dir, pretend) = (self.dir.staging_dir().clone(), self.free_override.clone());
+        self.space_watch
+            .watch(move || !has_room(&pretend, HOLD_ROOM, || dir.free_bytes()))
     }
 
     /// Sets a passthrough file's modification time on the file itself, where `getattr` reads

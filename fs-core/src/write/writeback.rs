@@ -124,7 +124,9 @@ pub struct WriteBack<S: ObjectStore> {
     pub(super) in_place: parking_lot::Mutex<std::collections::HashSet<u64>>,
     /// Free bytes the cache disk is taken to have, in place of asking it (tests);
     /// `u64::MAX`: ask it.
-    pub(super) free_override: AtomicU64,
+    pub(super) free_override: Arc<AtomicU64>,
+    /// The cache disk's free space while files pass through ([`super::space_watch`]).
+    pub(super) space_watch: super::space_watch::SpaceWatch,
     /// The mount's device as `/proc/<pid>/maps` names it, once the adapter told it: how a
     /// mapping of a file the kernel writes itself is recognised.
     pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
@@ -205,7 +207,8 @@ impl<S: ObjectStore> WriteBack<S> {
             paused_keys: parking_lot::Mutex::new(Vec::new()),
             commits: Commits::new(cfg_commit_interval),
             in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
-            free_override: AtomicU64::new(u64::MAX),
+            free_override: Arc::new(AtomicU64::new(u64::MAX)),
+            space_watch: Default::default(),
             kernel_dev: parking_lot::Mutex::new(None),
             #[cfg(test)]
             mapped_save_gate: parking_lot::Mutex::new(None),
