@@ -151,6 +151,9 @@ pub(super) struct Item {
     /// A mapping of the working copy's file outlived its handles: a watch uploads what is
     /// stored through it, and the item stays until it is gone.
     pub mapped: bool,
+    /// A look at a mapped file found it changed, and no save of that change has begun yet
+    /// (the watch takes the lock again to save it; an unmount's drain saves it meanwhile).
+    pub look_unsaved: bool,
     /// Length and modification time of the working copy's file at the engine's last look,
     /// when the kernel wrote it itself: a store through a mapping after that moves them.
     pub kernel_seen: Option<(u64, std::time::SystemTime)>,

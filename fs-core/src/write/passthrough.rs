@@ -335,6 +335,7 @@ impl<S: ObjectStore> WriteBack<S> {
         it.work.adopt(now.0);
         it.mtime = now.1;
         it.edits += 1;
+        it.look_unsaved = true;
         shared.publish(it);
         self.recharge(shared, it);
         if !self.room_for_kernel(file, HOLD_ROOM) && it.held.is_none() {
@@ -349,6 +350,12 @@ impl<S: ObjectStore> WriteBack<S> {
         let item = ItemRef(shared.clone());
         let key = {
             let mut it = shared.item.lock().await;
+            it.look_unsaved = false;
+            if it.handles > 0 || it.through.is_some() {
+                // A handle opened since the look: its close saves the change with its own
+                // (and until then, nothing of a writer's not yet closed is uploaded).
+                return;
+            }
             if it.close_failed {
                 // The file's last close failed (I10): what it holds now is not saved, and
                 // nothing in the background saves it.
@@ -379,8 +386,10 @@ impl<S: ObjectStore> WriteBack<S> {
             };
             // A change the watch found but has not yet begun to save (it takes the lock
             // again to commit): saved here, as the watch may not get to it before the mount
-            // goes. A commit already under way holds the lock, so this finds it done.
-            looked || (it.dirty() && !it.kept_unsaved())
+            // goes. Only that: a change whose save began and failed is kept as not saved by
+            // that save (I10), not tried again here. A save under way that finds it done
+            // commits nothing twice ([`WriteBack::commit`] looks at `dirty` under the lock).
+            looked || it.look_unsaved
         };
         if changed {
             self.save_kernel_change(shared).await;

@@ -144,6 +144,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 kernel_openers: Vec::new(),
                 kernel_ino: None,
                 mapped: false,
+                look_unsaved: false,
                 kernel_seen: None,
             };
             item.sched.due_in(Duration::ZERO);
@@ -260,6 +261,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     kernel_openers: Vec::new(),
                     kernel_ino: None,
                     mapped: false,
+                    look_unsaved: false,
                     kernel_seen: None,
                 };
                 let shared = Shared::new(item);

@@ -346,6 +346,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 kernel_openers: Vec::new(),
                 kernel_ino: None,
                 mapped: false,
+                look_unsaved: false,
                 kernel_seen: None,
             };
             let shared = Shared::new(item);
