@@ -424,11 +424,30 @@ async fn a_disk_full_and_freed_again_between_two_looks_holds_the_file() {
     tokio::time::sleep(crate::write::space_watch::POLL * 3).await;
     wb.pretend_free_bytes(None);
     assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
+    assert!(
+        matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)),
+        "held until written over whole"
+    );
+    // Written over whole by the handle open across the dip: saved (the dip is acted on once).
+    fs.setattr(a.ino, Some(0), None, Some(w.fh)).await.unwrap();
+    backing(&w).write_all_at(b"written over", 0).unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"written over");
+    // Another dip, another file held.
+    let w = fs.open(a.ino, wt).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Passthrough(_)));
+    backing(&w).write_all_at(b"the new", 0).unwrap();
+    wb.pretend_free_bytes(Some(1 << 20));
+    tokio::time::sleep(crate::write::space_watch::POLL * 3).await;
+    wb.pretend_free_bytes(None);
+    assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
     fs.release(w.fh).await;
     assert_eq!(fs.drain(true).await, 0);
     assert_eq!(
         &store.object_bytes("f").unwrap()[..],
-        b"the good object",
+        b"written over",
         "the object keeps its last whole version (I10)"
     );
     assert_eq!(wb.status().await.held_files, 1);

@@ -247,7 +247,6 @@ impl Dir {
         &self.path
     }
 
-    /// The names in the directory (not `.` and `..`).
     /// Bytes an unprivileged writer may still write on the file system that holds this
     /// directory; `None` where that cannot be told.
     pub fn free_bytes(&self) -> Option<u64> {
@@ -261,6 +260,7 @@ impl Dir {
         }
     }
 
+    /// The names in the directory (not `.` and `..`).
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         #[cfg(unix)]
         {

@@ -34,8 +34,10 @@
 //!   one had (never uploaded, kept staged as not saved, its close failing with `ENOSPC`).
 //!   Nor is a pending version of the same file, changed in place since its seal, uploaded
 //!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
-//!   looks is seen by the watch of the disk's free space ([`super::space_watch`]), unless
-//!   the dip was shorter than its poll; `EIO` from the disk is not seen.
+//!   looks is seen by the watch of the disk's free space ([`super::space_watch`]) while a
+//!   handle is open, unless the dip fell between two of its polls; a store through a mapping
+//!   after the last release is looked at with the mapping (every [`MAPPING_POLL`]); `EIO`
+//!   from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
 //!   can land after the last release, and after the upload. The engine remembers the file's
 //!   length and modification time at its last look (a seal, the last release); when the item
@@ -238,10 +240,10 @@ impl<S: ObjectStore> WriteBack<S> {
     /// With the cache disk within [`HOLD_ROOM`] of full, a write the kernel made may
     /// have failed unseen: the file is held (I10), whether or not it looks changed.
     pub(super) fn refresh(&self, shared: &Shared, it: &mut Item) {
-        let Some(t) = it.through.as_ref() else {
+        let Some(t) = it.through.as_mut() else {
             return;
         };
-        let full = t.space.dipped() || !self.room_for_kernel(&t.file, HOLD_ROOM);
+        let full = t.space.take_dip() || !self.room_for_kernel(&t.file, HOLD_ROOM);
         if full && it.held.is_none() {
             Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
