@@ -468,18 +468,7 @@ async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
-    let me = CreateFlags {
-        process: Some(std::process::id()),
-        ..CreateFlags::default()
-    };
-    let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
-    let file = backing(&h);
-    file.set_len(8192).unwrap();
-    let bytes = map_shared(&file, 8192);
-    bytes[..4].copy_from_slice(b"one ");
-    fs.flush(h.fh).await.unwrap();
-    fs.release(h.fh).await;
-    drop(file);
+    let (_, bytes) = mapped_and_closed(&fs).await;
     assert_eq!(
         tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
             .await
@@ -616,6 +605,24 @@ fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
     }
 }
 
+/// A new file `f` (inode returned) opened by this process passing through, 8 KiB long, mapped
+/// shared (the mapping returned) and `one ` stored through the mapping, then closed and
+/// released: the mapping outlives every handle.
+async fn mapped_and_closed(fs: &Filesystem<MemoryStore>) -> (u64, &'static mut [u8]) {
+    let me = CreateFlags {
+        process: Some(std::process::id()),
+        ..CreateFlags::default()
+    };
+    let (attr, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
+    let file = backing(&h);
+    file.set_len(8192).unwrap();
+    let bytes = map_shared(&file, 8192);
+    bytes[..4].copy_from_slice(b"one ");
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    (attr.ino, bytes)
+}
+
 /// Maps `file` shared, `len` bytes (a test standing in for a process's mapping).
 fn map_shared(file: &std::fs::File, len: usize) -> &'static mut [u8] {
     // SAFETY: a shared mapping of a file the test owns, of its length; unmapped by `unmap`.
@@ -651,18 +658,7 @@ async fn a_store_during_the_upload_is_uploaded_after_it() {
     let store = Arc::new(MemoryStore::new());
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
     let wb = fs.write.as_ref().unwrap().clone();
-    let me = CreateFlags {
-        process: Some(std::process::id()),
-        ..CreateFlags::default()
-    };
-    let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
-    let file = backing(&h);
-    file.set_len(8192).unwrap();
-    let bytes = map_shared(&file, 8192);
-    bytes[..4].copy_from_slice(b"one ");
-    fs.flush(h.fh).await.unwrap();
-    fs.release(h.fh).await;
-    drop(file);
+    let (_, bytes) = mapped_and_closed(&fs).await;
     // The upload's answer comes late: its bytes are in the bucket, the upload not yet over.
     store.set_faults(Some(crate::store::memory::FaultConfig::delays(
         3,
@@ -694,18 +690,7 @@ async fn a_drain_between_the_watchs_look_and_its_save_saves_the_change() {
     let store = Arc::new(MemoryStore::new());
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
     let wb = fs.write.as_ref().unwrap().clone();
-    let me = CreateFlags {
-        process: Some(std::process::id()),
-        ..CreateFlags::default()
-    };
-    let (_, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
-    let file = backing(&h);
-    file.set_len(8192).unwrap();
-    let bytes = map_shared(&file, 8192);
-    bytes[..4].copy_from_slice(b"one ");
-    fs.flush(h.fh).await.unwrap();
-    fs.release(h.fh).await;
-    drop(file);
+    let (_, bytes) = mapped_and_closed(&fs).await;
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
     let gate = Arc::new(tokio::sync::Barrier::new(2));
@@ -743,18 +728,7 @@ async fn a_writer_opened_between_the_watchs_look_and_its_save_is_not_uploaded() 
     let store = Arc::new(MemoryStore::new());
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
     let wb = fs.write.as_ref().unwrap().clone();
-    let me = CreateFlags {
-        process: Some(std::process::id()),
-        ..CreateFlags::default()
-    };
-    let (attr, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
-    let file = backing(&h);
-    file.set_len(8192).unwrap();
-    let bytes = map_shared(&file, 8192);
-    bytes[..4].copy_from_slice(b"one ");
-    fs.flush(h.fh).await.unwrap();
-    fs.release(h.fh).await;
-    drop(file);
+    let (ino, bytes) = mapped_and_closed(&fs).await;
     assert_eq!(fs.drain(false).await, 0);
     let gate = Arc::new(tokio::sync::Barrier::new(2));
     *wb.mapped_save_gate.lock() = Some(gate.clone());
@@ -764,7 +738,7 @@ async fn a_writer_opened_between_the_watchs_look_and_its_save_is_not_uploaded() 
         .expect("the watch looks");
     // Through bucketdrive (less than 1 GiB free hands no file to the kernel).
     wb.pretend_free_bytes(Some(512 << 20));
-    let w = fs.open(attr.ino, W).await.unwrap();
+    let w = fs.open(ino, W).await.unwrap();
     assert!(matches!(w.io, KernelIo::Daemon));
     fs.write(w.fh, 100, b"half").await.unwrap();
     gate.wait().await;
@@ -791,18 +765,7 @@ async fn a_watched_file_is_not_uploaded_while_a_writer_has_it_open() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
-    let me = CreateFlags {
-        process: Some(std::process::id()),
-        ..CreateFlags::default()
-    };
-    let (attr, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
-    let file = backing(&h);
-    file.set_len(8192).unwrap();
-    let bytes = map_shared(&file, 8192);
-    bytes[..4].copy_from_slice(b"one ");
-    fs.flush(h.fh).await.unwrap();
-    fs.release(h.fh).await;
-    drop(file);
+    let (ino, bytes) = mapped_and_closed(&fs).await;
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
     // A writer beside the mapping, through bucketdrive (the mapping keeps the item; less
@@ -811,7 +774,7 @@ async fn a_watched_file_is_not_uploaded_while_a_writer_has_it_open() {
         .as_ref()
         .unwrap()
         .pretend_free_bytes(Some(512 << 20));
-    let w = fs.open(attr.ino, W).await.unwrap();
+    let w = fs.open(ino, W).await.unwrap();
     assert!(matches!(w.io, KernelIo::Daemon));
     fs.write(w.fh, 100, b"half-written").await.unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;

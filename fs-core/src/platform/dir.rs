@@ -252,7 +252,8 @@ impl Dir {
     pub fn free_bytes(&self) -> Option<u64> {
         #[cfg(unix)]
         {
-            super::free_bytes_of(&self.fd)
+            let st = rustix::fs::fstatvfs(&self.fd).ok()?;
+            Some(st.f_bavail.saturating_mul(st.f_frsize))
         }
         #[cfg(windows)]
         {

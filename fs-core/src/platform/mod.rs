@@ -232,27 +232,6 @@ pub fn is_disk_full(e: &io::Error) -> bool {
     )
 }
 
-/// Bytes an unprivileged writer may still write on the file system that holds `file`; `None`
-/// where that cannot be told.
-pub fn free_bytes(file: &std::fs::File) -> Option<u64> {
-    #[cfg(unix)]
-    {
-        free_bytes_of(file)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = file;
-        None
-    }
-}
-
-/// [`free_bytes`] of the file system that holds `fd` (a file or a directory).
-#[cfg(unix)]
-pub(crate) fn free_bytes_of(fd: impl std::os::fd::AsFd) -> Option<u64> {
-    let st = rustix::fs::fstatvfs(fd).ok()?;
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
 /// How `/proc/<pid>/maps` names the device `major:minor`.
 pub fn maps_device(major: u64, minor: u64) -> String {
     format!("{major:02x}:{minor:02x}")

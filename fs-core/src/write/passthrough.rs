@@ -61,9 +61,9 @@ use std::time::{Duration, SystemTime};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::item::{Item, ItemRef, Life, Shared, Through};
-use super::space_watch::Watched;
 use super::writeback::WriteBack;
 use crate::error::FsResult;
+use crate::platform::Dir;
 use crate::store::ObjectStore;
 
 /// Free space on the cache disk a file needs to be handed to the kernel: well above
@@ -92,12 +92,13 @@ fn note_opener(it: &mut Item, ino: u64, pid: Option<u32>) {
     }
 }
 
-/// Whether the cache disk has `room` bytes free, as `ask` tells (for an unprivileged writer:
-/// the daemon may run without the right to the file system's reserve). `pretend`: free bytes
-/// tests set in place of asking the disk (`u64::MAX`: ask it).
-fn has_room(pretend: &AtomicU64, room: u64, ask: impl FnOnce() -> Option<u64>) -> bool {
+/// Whether the cache disk, which holds the staging directory `staging` and its files, has
+/// `room` bytes free (for an unprivileged writer: the daemon may run without the right to the
+/// file system's reserve). `pretend`: free bytes tests set in place of asking the disk
+/// (`u64::MAX`: ask it).
+fn has_room(staging: &Dir, pretend: &AtomicU64, room: u64) -> bool {
     let free = match pretend.load(Ordering::SeqCst) {
-        u64::MAX => ask(),
+        u64::MAX => staging.free_bytes(),
         n => Some(n),
     };
     free.is_none_or(|f| f >= room)
@@ -144,7 +145,7 @@ impl<S: ObjectStore> WriteBack<S> {
             // Bytes past the end (never acknowledged) must not show through the kernel.
             it.work.cut_tail()?;
             let file = it.work.clone_file()?;
-            if !self.room_for_kernel(&file, PASSTHROUGH_ROOM) {
+            if !self.room_for_kernel(PASSTHROUGH_ROOM) {
                 return Err(std::io::Error::other("the cache disk is nearly full"));
             }
             let seen = stat(&file)?;
@@ -164,15 +165,7 @@ impl<S: ObjectStore> WriteBack<S> {
             it.edits += 1;
         }
         let for_kernel = file.try_clone().ok()?;
-        let space = self.watch_space();
-        let file = Arc::new(file);
-        *item.0.backing.lock() = Some(file.clone());
-        it.through = Some(Through {
-            handles: 1,
-            file,
-            seen,
-            space,
-        });
+        self.begin_through(item, &mut it, Arc::new(file), seen);
         it.work_live = true;
         note_opener(&mut it, ino, opener);
         self.in_place.lock().insert(it.work_id);
@@ -197,14 +190,7 @@ impl<S: ObjectStore> WriteBack<S> {
             None => {
                 // From the engine's last look, so that stores through a mapping since are seen.
                 let seen = it.kernel_seen.unwrap_or((u64::MAX, SystemTime::UNIX_EPOCH));
-                let space = self.watch_space();
-                *item.0.backing.lock() = Some(file.clone());
-                it.through = Some(Through {
-                    handles: 1,
-                    file,
-                    seen,
-                    space,
-                });
+                self.begin_through(item, &mut it, file, seen);
             }
         }
     }
@@ -243,7 +229,7 @@ impl<S: ObjectStore> WriteBack<S> {
         let Some(t) = it.through.as_mut() else {
             return;
         };
-        let full = t.space.take_dip() || !self.room_for_kernel(&t.file, HOLD_ROOM);
+        let full = t.space.take_dip() || !self.room_for_kernel(HOLD_ROOM);
         if full && it.held.is_none() {
             Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
@@ -340,7 +326,7 @@ impl<S: ObjectStore> WriteBack<S> {
         it.look_unsaved = true;
         shared.publish(it);
         self.recharge(shared, it);
-        if !self.room_for_kernel(file, HOLD_ROOM) && it.held.is_none() {
+        if !self.room_for_kernel(HOLD_ROOM) && it.held.is_none() {
             Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
         true
@@ -448,19 +434,32 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// Whether the disk that holds `file` has `room` bytes free.
-    fn room_for_kernel(&self, file: &File, room: u64) -> bool {
-        has_room(&self.free_override, room, || {
-            crate::platform::free_bytes(file)
-        })
+    /// Whether the cache disk has `room` bytes free.
+    fn room_for_kernel(&self, room: u64) -> bool {
+        has_room(self.dir.staging_dir(), &self.free_override, room)
     }
 
-    /// A file begins passing through: counted by the watch of the cache disk's free space
-    /// (the staging directory's file system: the staging files').
-    fn watch_space(&self) -> Watched {
+    /// The first passthrough handle of `it`, on `file` (the backing file the kernel shares
+    /// among the handles that join it), as a look found it (`seen`); counted by the watch of
+    /// the cache disk's free space.
+    fn begin_through(
+        &self,
+        item: &ItemRef,
+        it: &mut Item,
+        file: Arc<File>,
+        seen: (u64, SystemTime),
+    ) {
         let (dir, pretend) = (self.dir.staging_dir().clone(), self.free_override.clone());
-        self.space_watch
-            .watch(move || !has_room(&pretend, HOLD_ROOM, || dir.free_bytes()))
+        let space = self
+            .space_watch
+            .watch(move || !has_room(&dir, &pretend, HOLD_ROOM));
+        *item.0.backing.lock() = Some(file.clone());
+        it.through = Some(Through {
+            handles: 1,
+            file,
+            seen,
+            space,
+        });
     }
 
     /// Sets a passthrough file's modification time on the file itself, where `getattr` reads
