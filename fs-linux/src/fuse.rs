@@ -44,19 +44,34 @@ pub const MAX_READAHEAD: u32 = 1024 * 1024;
 /// made off the thread) returns pending at its first wait and finishes on the runtime, so the
 /// session loop is held no longer than the part that runs at once.
 ///
-/// Not for requests that may read another process's `/proc/<pid>/maps` (the last release,
-/// and unlink, rmdir and rename, which can retire a file the kernel wrote itself): that read
-/// waits for the process's memory map, which one of its threads may hold while it waits for
-/// this very loop (a page fault on another file of the mount). Those, and `fsync` (which waits
-/// for the bucket anyway), are spawned.
+/// Nothing run here may read another process's `/proc/<pid>/...`: such a read takes a hold on
+/// the process's memory map (for `maps`, its lock), which one of its threads may hold while it
+/// waits for this very loop (a page fault on another file of the mount); a process killed
+/// meanwhile could even leave its last teardown, and the final close of its files of this
+/// mount, to this thread. So the last release, unlink, rmdir and rename (which can retire a
+/// file the kernel wrote itself, after a look at `/proc/<pid>/maps`) are spawned, as is
+/// `fsync` (which waits for the bucket anyway), and the thread-to-process lookups of
+/// [`Openers`] go off the thread when `/proc` must be read.
+/// One path is left: an open that fails after taking a file being written gives it back at
+/// once, and with `--passthrough writes`, if that file's upload ended just then, the give-back
+/// can retire it after a look at `/proc/<pid>/maps` here.
+///
+/// A panic in the part run here is caught, as the runtime catches one in a task: the request's
+/// reply, dropped unanswered, fails it with `EIO`, and the session goes on.
 fn run_now_or_spawn(rt: &tokio::runtime::Handle, task: impl Future<Output = ()> + Send + 'static) {
     let _runtime = rt.enter();
     let mut task = Box::pin(task);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     // The runtime polls it again with a waker of its own, which replaces the no-op one
     // wherever the first poll left it.
-    if task.as_mut().poll(&mut cx).is_pending() {
-        rt.spawn(task);
+    let polled =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.as_mut().poll(&mut cx)));
+    match polled {
+        Ok(std::task::Poll::Pending) => {
+            rt.spawn(task);
+        }
+        Ok(std::task::Poll::Ready(())) => {}
+        Err(_) => tracing::error!("a request panicked; it fails with EIO"),
     }
 }
 
@@ -538,7 +553,11 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             let mode = OpenMode {
                 write,
                 truncate: flags.0 & libc::O_TRUNC != 0,
-                process: write.then(|| Openers::opening(thread)).flatten(),
+                process: if write {
+                    Openers::opening(thread).await
+                } else {
+                    None
+                },
             };
             match fs.open(ino.0, mode).await {
                 Ok(o) => {
@@ -603,7 +622,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         let (fs, openers, thread) = (self.fs.clone(), self.openers.clone(), req.pid());
         run_now_or_spawn(&self.rt, async move {
             // The closing thread waits for the reply, so its id still names it here.
-            let process = openers.closing(fh.0, thread);
+            let process = openers.closing(fh.0, thread).await;
             match fs.flush_by(fh.0, process).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -779,7 +798,7 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
                 // Already masked by the kernel with the caller's umask (no FUSE_DONT_MASK).
                 mode: Some(mode & 0o7777),
                 // The calling thread waits for the reply, so its id still names it here.
-                process: Openers::opening(thread),
+                process: Openers::opening(thread).await,
             };
             match fs.create_with(parent.0, &name, flags).await {
                 Ok((a, o)) => {
@@ -790,5 +809,63 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
                 Err(e) => reply.error(errno(&e)),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_now_or_spawn;
+    use std::sync::mpsc;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+
+    #[test]
+    fn a_request_that_does_not_wait_is_answered_on_the_calling_thread() {
+        let rt = runtime();
+        let (tx, rx) = mpsc::channel();
+        run_now_or_spawn(rt.handle(), async move {
+            let _ = tx.send(std::thread::current().id());
+        });
+        // Answered before run_now_or_spawn returned, by this thread.
+        assert_eq!(rx.try_recv().ok(), Some(std::thread::current().id()));
+    }
+
+    #[test]
+    fn a_request_that_waits_finishes_on_the_runtime() {
+        let rt = runtime();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<u32>();
+        let (tx, rx) = mpsc::channel();
+        run_now_or_spawn(rt.handle(), async move {
+            let before = std::thread::current().id();
+            // Waits: the no-op waker of the first poll must not lose this wake-up.
+            let v = go_rx.await.unwrap_or(0);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            let _ = tx.send((before, std::thread::current().id(), v));
+        });
+        assert!(rx.try_recv().is_err(), "not answered before it could go on");
+        let _ = go_tx.send(7);
+        let (before, after, v) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the request finished on the runtime");
+        assert_eq!(before, std::thread::current().id());
+        assert_ne!(after, std::thread::current().id());
+        assert_eq!(v, 7);
+    }
+
+    #[test]
+    fn a_request_that_panics_does_not_take_the_session_down() {
+        let rt = runtime();
+        run_now_or_spawn(rt.handle(), async { panic!("a request panicked") });
+        let (tx, rx) = mpsc::channel();
+        run_now_or_spawn(rt.handle(), async move {
+            let _ = tx.send(());
+        });
+        assert!(rx.try_recv().is_ok(), "the next request is answered");
     }
 }

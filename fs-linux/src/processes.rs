@@ -6,7 +6,13 @@
 //! taken for the writer's own close. A thread's process is the `Tgid` in
 //! `/proc/<thread>/status`. Only write handles are tracked, so reads and read-only closes
 //! cost nothing; a write handle's close costs a lookup only when another thread closes it.
-//! Lookups run in the request's task, never on the FUSE session thread.
+//!
+//! Most callers are a process's first thread, whose id is the process's: `pidfd_open` accepts
+//! only those, and takes no hold on the process's memory, so the answer costs one system call
+//! on whatever thread asks. Any other thread is looked up in `/proc` on the runtime's blocking
+//! pool, never on the FUSE session thread: reading `/proc/<thread>/status` holds the process's
+//! memory map for a moment, and a process torn down meanwhile could leave its last teardown,
+//! with the final close of its files of this mount, to the reader (see `fuse.rs`).
 //!
 //! Where a process cannot be told, `None` says so and the core saves at every close, as it
 //! did before processes were told apart: a request from outside the mount's pid namespace
@@ -33,7 +39,39 @@ fn proc_is_ours() -> bool {
 }
 
 /// The process of thread `thread`, or `None` if it cannot be told (see the module
-/// documentation).
+/// documentation): at once when the thread is its process's first, else from `/proc` off the
+/// calling thread.
+pub async fn process_of_thread(thread: u32) -> Option<u32> {
+    if thread == 0 || !proc_is_ours() {
+        return None;
+    }
+    if leads_its_process(thread) {
+        return Some(thread);
+    }
+    tokio::task::spawn_blocking(move || process_of(thread))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether `thread` is its process's first thread (its id is the process's).
+fn leads_its_process(thread: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(thread) else {
+        return false;
+    };
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; it fails
+    // for a thread that does not lead its process.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fd was just returned to us and is closed once.
+    unsafe { libc::close(fd as libc::c_int) };
+    true
+}
+
+/// The process of thread `thread` from `/proc`, or `None` if it cannot be told (see the
+/// module documentation). Blocking; see the module documentation for where it may run.
 pub fn process_of(thread: u32) -> Option<u32> {
     if thread == 0 || !proc_is_ours() {
         return None;
@@ -51,8 +89,8 @@ pub struct Openers(parking_lot::Mutex<HashMap<u64, (u32, u32)>>);
 
 impl Openers {
     /// The process of `thread`, which is opening a file for writing (`None`: not known).
-    pub fn opening(thread: u32) -> Option<u32> {
-        process_of(thread)
+    pub async fn opening(thread: u32) -> Option<u32> {
+        process_of_thread(thread).await
     }
 
     /// Handle `fh` was opened for writing by `thread` of `process`.
@@ -64,12 +102,12 @@ impl Openers {
 
     /// The process of `thread`, which is closing a descriptor of `fh`. `None` for handles not
     /// tracked (read handles), so the core treats every such close alike.
-    pub fn closing(&self, fh: u64, thread: u32) -> Option<u32> {
+    pub async fn closing(&self, fh: u64, thread: u32) -> Option<u32> {
         let (opener_thread, opener) = *self.0.lock().get(&fh)?;
         if thread == opener_thread {
             return Some(opener);
         }
-        process_of(thread)
+        process_of_thread(thread).await
     }
 
     /// Handle `fh` is released.
@@ -82,10 +120,19 @@ impl Openers {
 mod tests {
     use super::*;
 
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
     #[test]
     fn a_thread_belongs_to_its_process() {
         let me = std::process::id();
+        assert!(leads_its_process(me), "the first thread leads its process");
         assert_eq!(process_of(me), Some(me));
+        assert_eq!(block_on(process_of_thread(me)), Some(me));
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
@@ -95,10 +142,17 @@ mod tests {
         });
         let tid = rx.recv().unwrap_or(0);
         assert_ne!(tid, me, "a second thread has its own id");
-        assert_eq!(process_of(tid), Some(me), "and belongs to this process");
+        assert!(!leads_its_process(tid), "and does not lead its process");
+        assert_eq!(process_of(tid), Some(me), "but belongs to it");
+        assert_eq!(
+            block_on(process_of_thread(tid)),
+            Some(me),
+            "told from /proc"
+        );
         let _ = done_tx.send(());
         let _ = t.join();
         assert_eq!(process_of(0), None);
+        assert_eq!(block_on(process_of_thread(0)), None);
     }
 
     #[test]
@@ -109,12 +163,18 @@ mod tests {
             .spawn()
             .expect("sleep starts");
         let openers = Openers::default();
-        openers.opened(7, me, Openers::opening(me));
-        assert_eq!(openers.closing(7, me), Some(me));
-        assert_eq!(openers.closing(7, child.id()), Some(child.id()));
-        assert_eq!(openers.closing(8, child.id()), None, "not a write handle");
-        openers.released(7);
-        assert_eq!(openers.closing(7, me), None);
+        block_on(async {
+            openers.opened(7, me, Openers::opening(me).await);
+            assert_eq!(openers.closing(7, me).await, Some(me));
+            assert_eq!(openers.closing(7, child.id()).await, Some(child.id()));
+            assert_eq!(
+                openers.closing(8, child.id()).await,
+                None,
+                "not a write handle"
+            );
+            openers.released(7);
+            assert_eq!(openers.closing(7, me).await, None);
+        });
         let _ = child.kill();
         let _ = child.wait();
     }

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Where the daemon's CPU goes for a GiB read from the bucket: perf (cpu-clock samples; this VM
+# has no hardware counters) on the daemon while a reader reads a SIZE_MIB object through a
+# fresh root mount. Prints the daemon's CPU seconds per GiB, the samples grouped by what they
+# are spent on, and the top symbols.
+#
+#   bash tests/bench/read_profile.sh [mount options...]   # SIZE_MIB=1024
+#   READER=cp bash tests/bench/read_profile.sh             # cp to the local disk, not dd bs=1M
+#   BASE=<rev> bash tests/bench/read_profile.sh ...        # the same of the build at BASE
+#   PERF_DATA=<file> ...                                   # keeps perf.data there
+#
+# Release build (symbols are kept), the emulator (filesystem backend) on loopback, no link
+# shaping, no read cache: every byte comes over HTTP. The bytes read are checked (sha256).
+# Beside it, the floor: the same reader on a FUSE server that answers from memory and does
+# nothing else (tests/bench/fuse_floor.rs), its CPU seconds per GiB.
+# Needs root, /dev/fuse and perf (linux-perf).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SIZE_MIB=${SIZE_MIB:-1024}
+source tests/emulator.sh
+source tests/bench/common.sh
+bench_work bd-read-profile
+if [ -n "${BASE:-}" ]; then
+  build_base "$WORK/base"
+  BD=$WORK/base/bucketdrive
+else
+  cargo build --release --quiet -p fs-linux
+  BD=target/release/bucketdrive
+fi
+cargo build --release --quiet -p bucketdrive-tests --bin fuse-floor
+start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+create_bucket bench
+head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
+SHA=$(sha256sum "$WORK/src" | cut -d' ' -f1)
+put_object bench big "$WORK/src"
+"$BD" mount bench "$MNT" --endpoint "$EMU_URL" --anonymous --cache-dir "$WORK/cache" \
+  --log-file "$WORK/bd.log" "$@"
+PID=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
+sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1
+perf record -q -e cpu-clock -g -p "$PID" -o "$WORK/perf.data" -- sleep 600 &
+PERF=$!
+sleep 0.5
+c0=$(cpu_s "$PID"); s=$(now)
+read_big() {  # FROM
+  if [ "${READER:-dd}" = cp ]; then
+    cp "$1/big" "$WORK/copy"
+  else
+    dd if="$1/big" of="$WORK/copy" bs=1M status=none
+  fi
+}
+read_big "$MNT"
+e=$(now); c1=$(cpu_s "$PID")
+kill -INT "$PERF"; wait "$PERF" || true
+[ -z "${PERF_DATA:-}" ] || cp "$WORK/perf.data" "$PERF_DATA"
+[ "$(sha256sum "$WORK/copy" | cut -d' ' -f1)" = "$SHA" ] || { echo "the read has the wrong bytes" >&2; exit 1; }
+echo "read $SIZE_MIB MiB with ${READER:-dd}: $(mbps $((SIZE_MIB * 1048576)) "$s" "$e") MB/s," \
+  "daemon CPU $(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }') s per GiB"
+# The floor, read the same way.
+mkdir -p "$WORK/floor"
+target/release/fuse-floor "$WORK/floor" "$SIZE_MIB" &
+FLOOR=$!
+for _ in $(seq 100); do mountpoint -q "$WORK/floor" && break; sleep 0.1; done
+# bucketdrive's default kernel read-ahead (--kernel-read-ahead 4MiB).
+echo 4096 > "/sys/class/bdi/$(mountpoint -d "$WORK/floor")/read_ahead_kb"
+echo 3 > /proc/sys/vm/drop_caches; rm -f "$WORK/copy"; sleep 1
+f0=$(cpu_s "$FLOOR"); fs=$(now)
+read_big "$WORK/floor"
+fe=$(now); f1=$(cpu_s "$FLOOR")
+umount "$WORK/floor"; wait "$FLOOR" || true
+[ "$(sha256sum < "$WORK/copy" | cut -d' ' -f1)" = "$(target/release/fuse-floor --emit "$SIZE_MIB" | sha256sum | cut -d' ' -f1)" ] ||
+  { echo "the floor's read has the wrong bytes" >&2; exit 1; }
+echo "the floor (a FUSE server answering from memory), the same read: $(mbps $((SIZE_MIB * 1048576)) "$fs" "$fe") MB/s," \
+  "server CPU $(awk -v a="$f0" -v b="$f1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }') s per GiB"
+perf report -i "$WORK/perf.data" --stdio --no-children --sort sym -g none 2>/dev/null |
+  grep -E '^ +[0-9.]+%' > "$WORK/syms" || true
+echo
+echo "| where | share of the daemon's samples |"
+echo "|---|---:|"
+# Each symbol falls in the first group whose pattern it matches.
+awk '
+  { pct = $1; sub(/%/, "", pct); sym = $0; sub(/^ +[0-9.]+% +/, "", sym)
+    g = "other"
+    if (sym ~ /crc32c|crc_u64/) g = "CRC32C"
+    else if (sym ~ /memmove|memcpy|copy_user|copy_to_iter|copy_from_iter|copy_page|fuse_copy|copy_folio|rep_movs/) g = "copies between buffers"
+    else if (sym ~ /fuse_/) g = "the kernel FUSE side"
+    else if (sym ~ /tcp_|ip_|skb|sock|netif|inet|__dev_queue|loopback|napi|net_rx|dst_|nf_/) g = "the kernel network stack"
+    else if (sym ~ /hyper|http|reqwest|h2::|rustls|ring::|aws_lc|tls/) g = "HTTP and TLS"
+    else if (sym ~ /schedule|task_switch|wake_up|futex|epoll|eventfd|_raw_spin_unlock_irq|ttwu|enqueue|dequeue|pick_next|idle/) g = "scheduler and wake-ups"
+    else if (sym ~ /tokio|mio::/) g = "the tokio runtime"
+    else if (sym ~ /parking_lot|[Mm]utex|rwlock|RawRwLock/) g = "locks"
+    else if (sym ~ /malloc|free|alloc|realloc|page_fault|clear_page|mmap|munmap|folio|lru|memcg|zap_/) g = "memory: allocation and page faults"
+    else if (sym ~ /syscall|entry_SYSCALL|do_syscall|fdget|__x64_sys|read$|write$|writev|readv/) g = "system call entry"
+    s[g] += pct }
+  END { for (g in s) printf "| %s | %.1f%% |\n", g, s[g] }' "$WORK/syms" | sort -t'|' -k3 -rn
+echo
+echo "top symbols:"
+head -25 "$WORK/syms"
+"$BD" unmount "$MNT" >/dev/null
