@@ -6,6 +6,7 @@
 //! [`store::ObjectStore`] trait. No layer knows about the one above it. [`windows`] holds what
 //! Windows needs to see differently (names, times, attributes), tested here on Linux.
 
+pub mod buffer_pool;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod clock;

@@ -18,7 +18,10 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use std::sync::Arc;
+
+use crate::buffer_pool::BufferPool;
 use futures::{Stream, StreamExt};
 use time::format_description::well_known::{Iso8601, Rfc3339};
 use time::OffsetDateTime;
@@ -407,6 +410,19 @@ pub trait ObjectStore: Send + Sync + 'static {
     ) -> StoreResult<ObjectMeta>;
 }
 
+/// Free bytes kept for ranges read into memory: a few parts' worth. Parts are taken and let
+/// go one after the other as readers move on, so a handful of free buffers is enough for the
+/// next parts to reuse the memory of the last; the read budget, not this, bounds what is held
+/// in flight.
+const READ_BUFFERS: usize = 64 << 20;
+
+/// The buffers ranges are read into (see [`crate::buffer_pool`]: a part in fresh memory cost a
+/// fifth of the daemon's CPU per GiB read, in page faults and zeroing).
+fn read_buffers() -> &'static Arc<BufferPool> {
+    static POOL: std::sync::OnceLock<Arc<BufferPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| BufferPool::new(READ_BUFFERS))
+}
+
 /// Reads a whole range into memory. A stream that breaks half-way is retried from its start,
 /// never stitched. A failure of the request itself is not retried here: the store already
 /// retried it, and retrying around it again would multiply the attempts.
@@ -417,6 +433,8 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
     range: Range<u64>,
 ) -> StoreResult<Bytes> {
     let want = range.end.saturating_sub(range.start);
+    let want_len = usize::try_from(want)
+        .map_err(|_| StoreError::new(StoreErrorKind::Other, "range too large for memory"))?;
     let request_failed = parking_lot::Mutex::new(None::<StoreError>);
     let result = retry::with_retry(retry::RetryPolicy::default(), "read_range", key, || {
         let range = range.clone();
@@ -429,9 +447,14 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
                     return Err(StoreError::new(StoreErrorKind::Other, "request failed"));
                 }
             };
-            let mut buf = BytesMut::with_capacity(want as usize);
+            let mut buf = read_buffers().filling(want_len);
             while let Some(chunk) = stream.next().await {
-                buf.extend_from_slice(&chunk?);
+                if !buf.push(&chunk?) {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Transient,
+                        format!("long read of {key}: wanted {want} bytes, got more"),
+                    ));
+                }
             }
             if buf.len() as u64 != want {
                 return Err(StoreError::new(

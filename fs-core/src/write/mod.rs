@@ -83,7 +83,6 @@
 //! - [`space`]: `--cache-size` accounting. [`status`]: counters for `bucketdrive status`.
 //! - [`cache_dir`]: the locked cache directory, its tag and its owner; which one a mount uses.
 
-pub mod buffer_pool;
 pub mod cache_dir;
 pub mod commit;
 pub mod item;

@@ -40,8 +40,8 @@ use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use tracing::Instrument;
 
-use super::buffer_pool::BufferPool;
 use super::journal::{PartRecord, UploadState};
+use crate::buffer_pool::BufferPool;
 use crate::store::{
     ChunkOutcome, ObjectMeta, ObjectStore, Precondition, StoreError, StoreErrorKind, StoreResult,
     WriteOptions, WRITER_KEY,

@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::buffer_pool::BufferPool;
 use super::cache_dir::CacheDir;
 use super::commit::Commits;
 use super::item::{Item, Life, Shared, Version};
@@ -35,6 +34,7 @@ use super::space::Space;
 use super::staging::StagingFile;
 use super::staging_pool::StagingPool;
 use super::upload::UploadConfig;
+use crate::buffer_pool::BufferPool;
 use crate::error::FsResult;
 use crate::namespace::SettleHook;
 use crate::store::{ObjectMeta, ObjectStore, MTIME_KEY, MTIME_PRECISE_KEY};

@@ -1,5 +1,5 @@
-//! Memory the write path fills again and again: upload parts read off a staging file, and
-//! write requests copied out of the kernel's buffer.
+//! Memory filled again and again: upload parts read off a staging file, write requests
+//! copied out of the kernel's buffer, and ranges of objects read from the bucket.
 //!
 //! An upload reads each part (32 MiB by default) off the staging file into memory before it
 //! sends it; a write request from the kernel (up to 1 MiB) is copied out of the FUSE
@@ -7,7 +7,9 @@
 //! freshly allocated, is fresh memory: the kernel faults in and zeroes every page of it, and
 //! only then are the bytes copied over the zeroes. Measured, that zeroing cost more CPU than
 //! the read and the send together (`benchmarks.md`, "What the daemon spends on a GiB
-//! written"); for write requests, a fifth of the daemon's CPU until `close()`.
+//! written"); for write requests, a fifth of the daemon's CPU until `close()`; for reads from
+//! the bucket (a part of 8 MiB collected from the HTTP body), a fifth of the daemon's CPU
+//! per GiB read.
 //!
 //! So a buffer comes back here once every copy of its [`Bytes`] is dropped (the HTTP client's,
 //! a retry's, the write's), and the next part or request is copied into it: no fault, no
@@ -84,6 +86,17 @@ impl BufferPool {
         })
     }
 
+    /// A buffer of the pool to be filled with exactly `len` bytes, piece by piece
+    /// ([`Filling::push`]); one dropped unfinished comes back at once.
+    pub fn filling(self: &Arc<Self>, len: usize) -> Filling {
+        Filling {
+            buf: self.take(len),
+            want: len,
+            len: 0,
+            pool: Arc::downgrade(self),
+        }
+    }
+
     /// The smallest free buffer that holds `len` bytes and is not many times longer, else a
     /// new one. Either is at least `len` long.
     fn take(&self, len: usize) -> Vec<u8> {
@@ -151,6 +164,56 @@ impl BufferPool {
     /// Bytes of free buffers held now.
     pub fn held(&self) -> usize {
         self.state.lock().bytes
+    }
+}
+
+/// A buffer of the pool being filled ([`BufferPool::filling`]).
+pub struct Filling {
+    buf: Vec<u8>,
+    /// How many bytes it is to hold.
+    want: usize,
+    /// How many it holds: the front of `buf`.
+    len: usize,
+    pool: Weak<BufferPool>,
+}
+
+impl Filling {
+    /// Appends `data`; `false`, and nothing appended, if that would pass the length asked for.
+    pub fn push(&mut self, data: &[u8]) -> bool {
+        let end = self.len + data.len();
+        if end > self.want {
+            return false;
+        }
+        self.buf[self.len..end].copy_from_slice(data);
+        self.len = end;
+        true
+    }
+
+    /// How many bytes it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds nothing yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes pushed; the buffer comes back when they (and every clone) are dropped.
+    pub fn freeze(mut self) -> Bytes {
+        Bytes::from_owner(Pooled {
+            buf: std::mem::take(&mut self.buf),
+            len: self.len,
+            pool: std::mem::take(&mut self.pool),
+        })
+    }
+}
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.give_back(std::mem::take(&mut self.buf));
+        }
     }
 }
 
@@ -267,5 +330,35 @@ mod tests {
         );
         tokio::time::sleep(IDLE * 2).await;
         assert_eq!(pool.held(), 0);
+    }
+
+    /// A buffer filled piece by piece holds exactly what was pushed, whatever it held before;
+    /// one dropped unfinished comes back, and nothing past the length asked for goes in.
+    #[test]
+    fn fills_piece_by_piece() {
+        let pool = BufferPool::new(1 << 20);
+        let old = pool.copy_of(&[0xAB; 50_000]);
+        drop(old);
+        assert_eq!(pool.held(), 50_000);
+        let mut f = pool.filling(40_000);
+        assert_eq!(pool.held(), 0, "the free buffer is reused");
+        assert!(f.is_empty());
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        assert!(f.push(&data[..12_345]));
+        assert!(f.push(&data[12_345..]));
+        assert!(!f.push(&[1]), "nothing past the length asked for");
+        assert_eq!(f.len(), 40_000);
+        let b = f.freeze();
+        assert_eq!(&b[..], &data[..]);
+        drop(b);
+        assert_eq!(pool.held(), 50_000, "back once the bytes are dropped");
+        let mut unfinished = pool.filling(30_000);
+        assert!(unfinished.push(&data[..10]));
+        drop(unfinished);
+        assert_eq!(
+            pool.held(),
+            50_000,
+            "an unfinished fill gives its buffer back"
+        );
     }
 }
