@@ -9,6 +9,9 @@
 //!
 //!   fuse-floor MOUNTPOINT SIZE_MIB    # serves until unmounted
 //!   fuse-floor --emit SIZE_MIB        # writes the file's bytes to standard output
+//!
+//! `FLOOR_PATTERN_MIB` (16 unless set) is how much memory the bytes repeat from: 16 MiB stays
+//! in the CPU's caches, a pattern as big as the file does not (as bytes fetched ahead do not).
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -19,16 +22,22 @@ use fuser::{
     LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
 };
 
-/// The pattern the file repeats: 16 MiB of pseudo-random bytes, so nothing compresses or
-/// dedups, and a read of 1 MiB aligned never straddles two copies.
-const PATTERN: usize = 16 << 20;
+/// The pattern the file repeats, in MiB unless `FLOOR_PATTERN_MIB` says: pseudo-random bytes,
+/// so nothing compresses or dedups, and a read of 1 MiB aligned never straddles two copies.
+const PATTERN_MIB: usize = 16;
 const FILE_INO: u64 = 2;
 const TTL: Duration = Duration::from_secs(3600);
 
 fn pattern() -> Vec<u8> {
+    let mib = std::env::var("FLOOR_PATTERN_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&m| m > 0)
+        .unwrap_or(PATTERN_MIB);
+    let len = mib << 20;
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut v = Vec::with_capacity(PATTERN);
-    while v.len() < PATTERN {
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
         // xorshift64: fixed, so --emit and the server agree.
         x ^= x << 13;
         x ^= x >> 7;
@@ -110,13 +119,14 @@ impl Filesystem for Floor {
             reply.data(&[]);
             return;
         }
-        let (from, len) = ((offset as usize) % PATTERN, (end - offset) as usize);
-        if from + len <= PATTERN {
+        let pattern = self.bytes.len();
+        let (from, len) = ((offset as usize) % pattern, (end - offset) as usize);
+        if from + len <= pattern {
             reply.data(&self.bytes[from..from + len]);
         } else {
             let mut v = Vec::with_capacity(len);
             v.extend_from_slice(&self.bytes[from..]);
-            v.extend_from_slice(&self.bytes[..len - (PATTERN - from)]);
+            v.extend_from_slice(&self.bytes[..len - (pattern - from)]);
             reply.data(&v);
         }
     }
@@ -130,7 +140,7 @@ fn main() -> anyhow::Result<()> {
             let (bytes, mut left) = (pattern(), mib(size)?);
             let mut out = std::io::stdout().lock();
             while left > 0 {
-                let n = left.min(PATTERN as u64) as usize;
+                let n = left.min(bytes.len() as u64) as usize;
                 out.write_all(&bytes[..n])?;
                 left -= n as u64;
             }
