@@ -17,6 +17,7 @@ command -v umount >/dev/null || _need+=(mount)
 command -v fusermount3 >/dev/null || _need+=(fuse3)
 command -v curl >/dev/null || _need+=(curl)
 command -v fio >/dev/null || _need+=(fio)
+command -v openssl >/dev/null || _need+=(openssl)
 if [ ${#_need[@]} -gt 0 ]; then _apt_install "${_need[@]}"; fi
 if [ ! -e /dev/fuse ]; then
   modprobe fuse 2>/dev/null || mknod -m 0666 /dev/fuse c 10 229 2>/dev/null || true

@@ -678,3 +678,60 @@ fn a_writer_beside_passthrough_readers_is_told_the_file_is_busy() -> Result<()> 
     assert_eq!(whole_old, 1, "the old generation's file is intact");
     Ok(())
 }
+
+/// Real buckets are reached over HTTPS. The same client goes through TLS to the emulator and
+/// trusts a CA made for this test, given to the daemon alone through `SSL_CERT_FILE`. Bytes read
+/// and written are checked. Without that trust the mount is refused: nothing in the machine's
+/// trust store vouches for the emulator.
+#[test]
+fn reads_and_writes_over_https_trusting_a_test_ca() -> Result<()> {
+    let ca = bucketdrive_tests::TestCa::new()?;
+    let emu = Emulator::start_https(&ca)?;
+    emu.create_bucket("tls-bucket")?;
+    let data = random_bytes(5 * MIB + 123, 77);
+    emu.put("tls-bucket", "in.bin", &data)?;
+    let https = emu
+        .https_url()
+        .ok_or_else(|| anyhow::anyhow!("the emulator serves no HTTPS"))?;
+    let cache = tempfile::tempdir()?;
+    let m = Mount::with_env(
+        &https,
+        "tls-bucket",
+        cache.path(),
+        &[("SSL_CERT_FILE", &ca.cert)],
+        &[],
+    )?;
+    let got = std::fs::read(m.path().join("in.bin"))?;
+    assert_eq!(sha256(&got), sha256(&data), "read over HTTPS");
+    let out = random_bytes(3 * MIB + 7, 78);
+    bucketdrive_tests::write_and_close(&m.path().join("out.bin"), &out)?;
+    m.wait_uploaded(Duration::from_secs(60))?;
+    m.unmount()?;
+    assert_eq!(
+        sha256(&emu.get("tls-bucket", "out.bin")?),
+        sha256(&out),
+        "written over HTTPS"
+    );
+
+    let mnt = tempfile::tempdir()?;
+    let cache = tempfile::tempdir()?;
+    let refused = Command::new(bucketdrive_tests::bucketdrive_bin())
+        .args(["mount", "tls-bucket"])
+        .arg(mnt.path())
+        .args(["--endpoint", &https, "--anonymous", "--cache-dir"])
+        .arg(cache.path())
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("SSL_CERT_DIR")
+        .output()?;
+    if bucketdrive_tests::is_mounted(mnt.path()) {
+        let _ = Command::new("umount").arg("-l").arg(mnt.path()).status();
+        anyhow::bail!("mounted an endpoint whose certificate nothing trusted");
+    }
+    assert!(!refused.status.success(), "the mount fails");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("tls-bucket") && err.contains("certificate is not trusted"),
+        "a clear error: {err}"
+    );
+    Ok(())
+}

@@ -81,32 +81,143 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
+/// A certificate authority made for one test, and a server certificate it signed for
+/// 127.0.0.1 (an IP SAN), made with the `openssl` command. A mount trusts it only through
+/// `SSL_CERT_FILE`, never through the machine's trust store.
+pub struct TestCa {
+    _dir: tempfile::TempDir,
+    /// The authority's certificate (PEM): what a client is told to trust.
+    pub cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+impl TestCa {
+    pub fn new() -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("bd-ca").tempdir()?;
+        let at = |name: &str| dir.path().join(name);
+        let openssl = |args: &[&str]| -> Result<()> {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .map_err(|e| anyhow::anyhow!("cannot run openssl: {e}"))?;
+            anyhow::ensure!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(())
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-subj",
+            "/CN=bucketdrive test CA",
+        ])?;
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])?;
+        std::fs::write(
+            at("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "server.ext",
+        ])?;
+        Ok(TestCa {
+            cert: at("ca.pem"),
+            server_cert: at("server.pem"),
+            server_key: at("server.key"),
+            _dir: dir,
+        })
+    }
+}
+
 /// A running fake-gcs-server.
 pub struct Emulator {
     child: Child,
+    /// The plain HTTP port, which the tests' own requests use.
     pub port: u16,
+    /// The HTTPS port, when started with [`Self::start_https`].
+    https_port: Option<u16>,
     agent: ureq::Agent,
 }
 
 impl Emulator {
     pub fn start() -> Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Serves HTTPS with `ca`'s server certificate (for a mount: [`Self::https_url`]), and
+    /// plain HTTP beside it on [`Self::url`] for the tests' own requests.
+    pub fn start_https(ca: &TestCa) -> Result<Self> {
+        Self::start_with(Some(ca))
+    }
+
+    fn start_with(tls: Option<&TestCa>) -> Result<Self> {
         let bin = emulator_bin()?;
         let mut last_err = None;
         for _ in 0..5 {
             let port = free_port()?;
-            let child = Command::new(&bin)
-                .args([
-                    "-scheme",
-                    "http",
-                    "-host",
-                    "127.0.0.1",
-                    "-port",
-                    &port.to_string(),
-                    "-backend",
-                    "memory",
-                ])
-                .args(["-public-host", &format!("127.0.0.1:{port}")])
-                .args(["-external-url", &format!("http://127.0.0.1:{port}")])
+            let mut command = Command::new(&bin);
+            command.args(["-host", "127.0.0.1", "-backend", "memory"]);
+            let https_port = match tls {
+                None => {
+                    command
+                        .args(["-scheme", "http", "-port", &port.to_string()])
+                        .args(["-public-host", &format!("127.0.0.1:{port}")])
+                        .args(["-external-url", &format!("http://127.0.0.1:{port}")]);
+                    None
+                }
+                Some(ca) => {
+                    let https = free_port()?;
+                    command
+                        .args(["-scheme", "both", "-port", &https.to_string()])
+                        .args(["-port-http", &port.to_string()])
+                        .arg("-cert-location")
+                        .arg(&ca.server_cert)
+                        .arg("-private-key-location")
+                        .arg(&ca.server_key)
+                        .args(["-public-host", &format!("127.0.0.1:{https}")])
+                        .args(["-external-url", &format!("https://127.0.0.1:{https}")]);
+                    Some(https)
+                }
+            };
+            let child = command
                 .args(["-log-level", "error"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -114,6 +225,7 @@ impl Emulator {
             let mut emu = Emulator {
                 child,
                 port,
+                https_port,
                 agent: ureq::AgentBuilder::new().build(),
             };
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -138,6 +250,11 @@ impl Emulator {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The HTTPS endpoint, when started with [`Self::start_https`].
+    pub fn https_url(&self) -> Option<String> {
+        self.https_port.map(|p| format!("https://127.0.0.1:{p}"))
     }
 
     pub fn create_bucket(&self, name: &str) -> Result<()> {
@@ -479,6 +596,24 @@ impl Mount {
         Self::spawn(endpoint, spec, cache_dir, &["--anonymous"], args)
     }
 
+    /// Mounts through `endpoint` with extra environment for the daemon (`SSL_CERT_FILE`).
+    pub fn with_env(
+        endpoint: &str,
+        spec: &str,
+        cache_dir: &Path,
+        env: &[(&str, &Path)],
+        args: &[&str],
+    ) -> Result<Self> {
+        Self::spawn_env(
+            endpoint,
+            spec,
+            CacheArg::Named(cache_dir),
+            &["--anonymous"],
+            env,
+            args,
+        )
+    }
+
     /// Mounts with the credentials of a service-account key file instead of anonymously.
     pub fn with_key_file(
         endpoint: &str,
@@ -514,6 +649,17 @@ impl Mount {
         credentials: &[&str],
         args: &[&str],
     ) -> Result<Self> {
+        Self::spawn_env(endpoint, spec, cache, credentials, &[], args)
+    }
+
+    fn spawn_env(
+        endpoint: &str,
+        spec: &str,
+        cache: CacheArg<'_>,
+        credentials: &[&str],
+        env: &[(&str, &Path)],
+        args: &[&str],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("bd-mnt").tempdir()?;
         let log = dir.path().with_extension("log");
         let mut command = Command::new(bucketdrive_bin());
@@ -533,6 +679,9 @@ impl Mount {
             CacheArg::Default(home) => {
                 command.env("XDG_CACHE_HOME", home);
             }
+        }
+        for (k, v) in env {
+            command.env(k, v);
         }
         let child = command
             .args(args)

@@ -366,6 +366,16 @@ fn classify(e: GcsError) -> StoreError {
             Some(s) => {
                 return StoreError::from_status(s.as_u16(), redact_url(e).to_string());
             }
+            // Asking again gets the same certificate: no retry, and say what is wrong.
+            None if certificate_error(&e).is_some() => (
+                StoreErrorKind::Other,
+                format!(
+                    "the endpoint's TLS certificate is not trusted ({}); a private CA can be \
+                     trusted with SSL_CERT_FILE: {}",
+                    certificate_error(&e).unwrap_or_default(),
+                    redact_url(e)
+                ),
+            ),
             None if e.is_timeout()
                 || e.is_connect()
                 || e.is_request()
@@ -382,6 +392,31 @@ fn classify(e: GcsError) -> StoreError {
         GcsError::InvalidRangeHeader(s) => (StoreErrorKind::InvalidArgument, s),
     };
     StoreError::new(kind, scrub(&message))
+}
+
+/// What rustls said of the server's certificate, if the request failed because it would not
+/// trust it. rustls's error sits inside `io::Error`s (one in another), whose `source()` skips
+/// what they wrap, so the walk goes into each one's inner error instead.
+fn certificate_error(e: &reqwest::Error) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if let Some(
+            tls @ (rustls::Error::InvalidCertificate(_)
+            | rustls::Error::NoCertificatesPresented
+            | rustls::Error::UnsupportedNameType),
+        ) = err.downcast_ref::<rustls::Error>()
+        {
+            return Some(tls.to_string());
+        }
+        next = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
 }
 
 /// Drops the query, the fragment and any user or password from the URL an HTTP error carries
