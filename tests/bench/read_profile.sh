@@ -6,6 +6,7 @@
 #
 #   bash tests/bench/read_profile.sh [mount options...]   # SIZE_MIB=1024
 #   READER=cp bash tests/bench/read_profile.sh             # cp to the local disk, not dd bs=1M
+#   TLS=1 bash tests/bench/read_profile.sh                 # over HTTPS (a test CA, SSL_CERT_FILE)
 #   BASE=<rev> bash tests/bench/read_profile.sh ...        # the same of the build at BASE
 #   PERF_DATA=<file> ...                                   # keeps perf.data there
 #
@@ -28,12 +29,37 @@ else
   BD=target/release/bucketdrive
 fi
 cargo build --release --quiet -p bucketdrive-tests --bin fuse-floor
-start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+ENDPOINT_ENV=()
+if [ "${TLS:-0}" = 1 ]; then
+  # HTTPS for the mount (a CA made here, trusted by the daemon alone through SSL_CERT_FILE),
+  # plain HTTP beside it for this script's own requests.
+  (cd "$WORK" &&
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -keyout ca.key -out ca.pem \
+      -subj "/CN=bucketdrive bench CA" 2>/dev/null &&
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1 2>/dev/null &&
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext &&
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+      -out server.pem -extfile server.ext 2>/dev/null)
+  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  HTTP_PORT=$(free_port); HTTPS_PORT=$(free_port)
+  "$FAKE_GCS_SERVER" -scheme both -host 127.0.0.1 -port "$HTTPS_PORT" -port-http "$HTTP_PORT" \
+    -cert-location "$WORK/server.pem" -private-key-location "$WORK/server.key" \
+    -public-host "127.0.0.1:$HTTPS_PORT" -external-url "https://127.0.0.1:$HTTPS_PORT" \
+    -backend filesystem -filesystem-root "$WORK/gcs" -log-level error >/dev/null 2>&1 &
+  EMU_PID=$!
+  EMU_URL="http://127.0.0.1:$HTTP_PORT"
+  for _ in $(seq 100); do curl -sf "$EMU_URL/storage/v1/b" >/dev/null 2>&1 && break; sleep 0.1; done
+  ENDPOINT="https://127.0.0.1:$HTTPS_PORT"
+  ENDPOINT_ENV=(env "SSL_CERT_FILE=$WORK/ca.pem")
+else
+  start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+  ENDPOINT=$EMU_URL
+fi
 create_bucket bench
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
 SHA=$(sha256sum "$WORK/src" | cut -d' ' -f1)
 put_object bench big "$WORK/src"
-"$BD" mount bench "$MNT" --endpoint "$EMU_URL" --anonymous --cache-dir "$WORK/cache" \
+"${ENDPOINT_ENV[@]}" "$BD" mount bench "$MNT" --endpoint "$ENDPOINT" --anonymous --cache-dir "$WORK/cache" \
   --log-file "$WORK/bd.log" "$@"
 PID=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
 sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1
@@ -53,7 +79,7 @@ e=$(now); c1=$(cpu_s "$PID")
 kill -INT "$PERF"; wait "$PERF" || true
 [ -z "${PERF_DATA:-}" ] || cp "$WORK/perf.data" "$PERF_DATA"
 [ "$(sha256sum "$WORK/copy" | cut -d' ' -f1)" = "$SHA" ] || { echo "the read has the wrong bytes" >&2; exit 1; }
-echo "read $SIZE_MIB MiB with ${READER:-dd}: $(mbps $((SIZE_MIB * 1048576)) "$s" "$e") MB/s," \
+echo "read $SIZE_MIB MiB with ${READER:-dd} over $(case "${TLS:-0}" in 1) echo HTTPS;; *) echo HTTP;; esac): $(mbps $((SIZE_MIB * 1048576)) "$s" "$e") MB/s," \
   "daemon CPU $(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }') s per GiB"
 # The floor, read the same way.
 mkdir -p "$WORK/floor"
@@ -84,6 +110,7 @@ awk '
     else if (sym ~ /memmove|memcpy|copy_user|copy_to_iter|copy_from_iter|copy_page|fuse_copy|copy_folio|rep_movs/) g = "copies between buffers"
     else if (sym ~ /fuse_/) g = "the kernel FUSE side"
     else if (sym ~ /tcp_|ip_|skb|sock|netif|inet|__dev_queue|loopback|napi|net_rx|dst_|nf_/) g = "the kernel network stack"
+    else if (sym ~ /aes|gcm|ghash|chacha|poly1305|ring_core/) g = "TLS: the cipher"
     else if (sym ~ /hyper|http|reqwest|h2::|rustls|ring::|aws_lc|tls/) g = "HTTP and TLS"
     else if (sym ~ /schedule|task_switch|wake_up|futex|epoll|eventfd|_raw_spin_unlock_irq|ttwu|enqueue|dequeue|pick_next|idle/) g = "scheduler and wake-ups"
     else if (sym ~ /tokio|mio::/) g = "the tokio runtime"

@@ -69,7 +69,18 @@ impl Scratch {
     fn new(owner: Option<(u32, u32)>) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("bd-system").tempdir()?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-        std::fs::copy(bucketdrive_bin(), dir.path().join("bucketdrive"))?;
+        let bin = dir.path().join("bucketdrive");
+        std::fs::copy(bucketdrive_bin(), &bin)?;
+        // Until a child that another test's thread forked while the copy was open has run
+        // its own program, the copy is still open for writing in that child, and running it
+        // fails with ETXTBSY. That lasts a moment: wait it out here, once.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(e) = Command::new(&bin).arg("--version").output() {
+            if e.raw_os_error() != Some(libc::ETXTBSY) || Instant::now() > deadline {
+                return Err(e.into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         for sub in ["mnt", "cache", "logs", "home"] {
             let p = dir.path().join(sub);
             std::fs::create_dir(&p)?;
