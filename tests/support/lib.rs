@@ -716,22 +716,31 @@ impl Mount {
     /// Runs `bucketdrive CMD ARGS… MOUNTPOINT` (status, unmount) and returns its standard
     /// output; fails with its standard error unless it succeeds.
     pub fn command(&self, cmd: &str, args: &[&str]) -> Result<String> {
-        let out = Command::new(bucketdrive_bin())
-            .arg(cmd)
-            .args(args)
-            .arg(self.path())
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "bucketdrive {cmd} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8(out.stdout)?)
+        // Long enough for any upload a test waits for; see `command_within` for the retry.
+        self.command_within(Duration::from_secs(3600), cmd, args)
     }
 
     /// Like [`Self::command`], but kills the command and fails if it runs longer than `limit`
     /// (a wait that never ends fails the test instead of hanging it).
     pub fn command_within(&self, limit: Duration, cmd: &str, args: &[&str]) -> Result<String> {
+        // A `--foreground` mount shows in the mount table a moment before its control socket
+        // is bound (a daemonized mount's parent returns only once both are there): a command
+        // right after the mount appeared may find no socket yet, and is tried again.
+        let started = Instant::now();
+        loop {
+            match self.command_once(limit, cmd, args) {
+                Err(e)
+                    if e.to_string().contains("with a status socket")
+                        && started.elapsed() < Duration::from_secs(10).min(limit) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn command_once(&self, limit: Duration, cmd: &str, args: &[&str]) -> Result<String> {
         let mut child = Command::new(bucketdrive_bin())
             .arg(cmd)
             .args(args)
