@@ -38,9 +38,9 @@ pub const MAX_READAHEAD: u32 = 1024 * 1024;
 /// copies into the page cache. Handing one to a runtime worker anyway costs two thread
 /// wake-ups per request, which on a small VM is most of its cost: a profile of 4 KiB writes
 /// through the daemon had two thirds of its CPU in the scheduler and wake-ups and under a
-/// tenth in the write itself; run here, the daemon's CPU per write halves, and a 1 GiB
-/// `dd` until close and a `cp -r` of small files return in about 0.6× the time
-/// (`docs/benchmarks.md`). Whatever does wait (a contended lock, space, the bucket, a copy
+/// tenth in the write itself. Run here, those writes cost the daemon 0.56× the CPU, and a
+/// `cp -r` of small files returns in 0.78× the time on 0.72× the CPU (`docs/benchmarks.md`).
+/// Whatever does wait (a contended lock, space, the bucket, a copy
 /// made off the thread) returns pending at its first wait and finishes on the runtime, so the
 /// session loop is held no longer than the part that runs at once.
 ///
@@ -52,6 +52,7 @@ pub const MAX_READAHEAD: u32 = 1024 * 1024;
 /// file the kernel wrote itself, after a look at `/proc/<pid>/maps`) are spawned, as is
 /// `fsync` (which waits for the bucket anyway), and the thread-to-process lookups of
 /// [`Openers`] go off the thread when `/proc` must be read.
+///
 /// One path is left: an open that fails after taking a file being written gives it back at
 /// once, and with `--passthrough writes`, if that file's upload ended just then, the give-back
 /// can retire it after a look at `/proc/<pid>/maps` here.

@@ -51,6 +51,18 @@ build_base() {  # DEST-DIR
   install -m 0755 "target/bench-base/target-$rev/release/bucketdrive" "$1/bucketdrive"
 }
 
+# Sets BD to the binary a profile measures: the build at BASE when set (see build_base), else
+# this tree's release build. Needs WORK.
+bench_binary() {
+  if [ -n "${BASE:-}" ]; then
+    build_base "$WORK/base"
+    BD=$WORK/base/bucketdrive
+  else
+    cargo build --release --quiet -p fs-linux
+    BD=target/release/bucketdrive
+  fi
+}
+
 # Makes WORK, a fresh directory under TMPDIR named after $1, with MNT and gcs/ in it, and a trap
 # that unmounts MNT, stops the emulator and removes WORK on exit.
 bench_work() {  # NAME

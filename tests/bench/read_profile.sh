@@ -21,13 +21,7 @@ SIZE_MIB=${SIZE_MIB:-1024}
 source tests/emulator.sh
 source tests/bench/common.sh
 bench_work bd-read-profile
-if [ -n "${BASE:-}" ]; then
-  build_base "$WORK/base"
-  BD=$WORK/base/bucketdrive
-else
-  cargo build --release --quiet -p fs-linux
-  BD=target/release/bucketdrive
-fi
+bench_binary
 cargo build --release --quiet -p bucketdrive-tests --bin fuse-floor
 ENDPOINT_ENV=()
 if [ "${TLS:-0}" = 1 ]; then

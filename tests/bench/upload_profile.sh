@@ -16,13 +16,7 @@ SIZE_MIB=${SIZE_MIB:-1024}
 source tests/emulator.sh
 source tests/bench/common.sh
 bench_work bd-upload-profile
-if [ -n "${BASE:-}" ]; then
-  build_base "$WORK/base"
-  BD=$WORK/base/bucketdrive
-else
-  cargo build --release --quiet -p fs-linux
-  BD=target/release/bucketdrive
-fi
+bench_binary
 start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
 create_bucket bench
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"

@@ -582,6 +582,7 @@ impl Mount {
             spec,
             CacheArg::Default(cache_home),
             &["--anonymous"],
+            &[],
             args,
         )
     }
@@ -604,7 +605,7 @@ impl Mount {
         env: &[(&str, &Path)],
         args: &[&str],
     ) -> Result<Self> {
-        Self::spawn_env(
+        Self::spawn_in(
             endpoint,
             spec,
             CacheArg::Named(cache_dir),
@@ -638,21 +639,12 @@ impl Mount {
             spec,
             CacheArg::Named(cache_dir),
             credentials,
+            &[],
             args,
         )
     }
 
     fn spawn_in(
-        endpoint: &str,
-        spec: &str,
-        cache: CacheArg<'_>,
-        credentials: &[&str],
-        args: &[&str],
-    ) -> Result<Self> {
-        Self::spawn_env(endpoint, spec, cache, credentials, &[], args)
-    }
-
-    fn spawn_env(
         endpoint: &str,
         spec: &str,
         cache: CacheArg<'_>,

@@ -362,30 +362,32 @@ impl GcsStore {
 fn classify(e: GcsError) -> StoreError {
     let (kind, message) = match e {
         GcsError::Response(r) => return StoreError::from_status(r.code, scrub(&r.message)),
-        GcsError::HttpClient(e) | GcsError::RawResponse(e, _) => match e.status() {
-            Some(s) => {
-                return StoreError::from_status(s.as_u16(), redact_url(e).to_string());
-            }
-            // Asking again gets the same certificate: no retry, and say what is wrong.
-            None if certificate_error(&e).is_some() => (
-                StoreErrorKind::Other,
-                format!(
-                    "the endpoint's TLS certificate is not trusted ({}); a private CA can be \
-                     trusted with SSL_CERT_FILE: {}",
-                    certificate_error(&e).unwrap_or_default(),
-                    redact_url(e)
+        GcsError::HttpClient(e) | GcsError::RawResponse(e, _) => {
+            match (e.status(), certificate_error(&e)) {
+                (Some(s), _) => {
+                    return StoreError::from_status(s.as_u16(), redact_url(e).to_string());
+                }
+                // Asking again gets the same certificate: no retry, and say what is wrong.
+                (None, Some(why)) => (
+                    StoreErrorKind::Other,
+                    format!(
+                        "the endpoint's TLS certificate is not trusted ({why}); a private CA \
+                         can be trusted with SSL_CERT_FILE: {}",
+                        redact_url(e)
+                    ),
                 ),
-            ),
-            None if e.is_timeout()
-                || e.is_connect()
-                || e.is_request()
-                || e.is_body()
-                || e.is_decode() =>
-            {
-                (StoreErrorKind::Transient, redact_url(e).to_string())
+                (None, None)
+                    if e.is_timeout()
+                        || e.is_connect()
+                        || e.is_request()
+                        || e.is_body()
+                        || e.is_decode() =>
+                {
+                    (StoreErrorKind::Transient, redact_url(e).to_string())
+                }
+                (None, None) => (StoreErrorKind::Other, redact_url(e).to_string()),
             }
-            None => (StoreErrorKind::Other, redact_url(e).to_string()),
-        },
+        }
         // A middleware error is an `anyhow` chain; its text is scrubbed below.
         GcsError::HttpMiddleware(e) => (StoreErrorKind::Transient, format!("{e:#}")),
         GcsError::TokenSource(e) => (StoreErrorKind::PermissionDenied, format!("token: {e}")),
