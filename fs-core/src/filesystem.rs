@@ -247,7 +247,6 @@ impl<S: ObjectStore> Filesystem<S> {
     pub async fn start(&self) -> Result<usize, String> {
         let Some(w) = &self.write else { return Ok(0) };
         let n = w.replay().await?;
-        // The cleanup takes its horizon of ids first; the pool's files all come above it.
         w.start_orphan_cleanup();
         w.start_pool();
         Ok(n)

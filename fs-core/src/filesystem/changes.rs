@@ -395,7 +395,18 @@ impl<S: ObjectStore> Filesystem<S> {
                     Err(e) => return Err(e),
                 };
                 // False: another writer replaced the source meanwhile, and theirs stays.
-                let deleted = self.delete_checked(m).await?;
+                let deleted = match self.delete_checked(m).await {
+                    Ok(deleted) => deleted,
+                    Err(e) => {
+                        // With the source still there, a copy to a free name is taken back, and
+                        // the rename did not happen. One over a file cannot be (the file it
+                        // replaced is gone): both names then hold the renamed file.
+                        if dst_seen.is_none() && self.still_there(m).await {
+                            self.take_back(&[&copied]).await;
+                        }
+                        return Err(e);
+                    }
+                };
                 // Whatever item holds the source now moves (one may have been made during the
                 // pause); without one, an item of the replaced target goes.
                 if w.item(&src_key).is_some() {
@@ -450,7 +461,16 @@ impl<S: ObjectStore> Filesystem<S> {
         let copied = self
             .copy_checked(src, &saved_key, Precondition::DoesNotExist)
             .await?;
-        let deleted = self.delete_checked(src).await?;
+        let deleted = match self.delete_checked(src).await {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                // The source still there, its conflict copy is taken back.
+                if self.still_there(src).await {
+                    self.take_back(&[&copied]).await;
+                }
+                return Err(e);
+            }
+        };
         if w.item(src_key).is_some() {
             let moved = w
                 .rename(src_key, &saved_key, Some(copied.generation), Some(src))
@@ -510,6 +530,23 @@ impl<S: ObjectStore> Filesystem<S> {
                 _ => Err(e.into()),
             },
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether the object `m` is known to be still in the bucket, that generation: a delete of
+    /// it that failed may yet have landed (its answer lost, and the look after it failed too).
+    /// Only then may a failed rename take its copies back; else they may be all that is left.
+    async fn still_there(&self, m: &ObjectMeta) -> bool {
+        matches!(self.ns.store().head(&m.key).await, Ok(h) if h.generation == m.generation)
+    }
+
+    /// Deletes the copies a failed rename made, each of the generation it made. What cannot be
+    /// taken back is logged.
+    async fn take_back(&self, copies: &[&ObjectMeta]) {
+        for &meta in copies {
+            if let Err(d) = self.delete_checked(meta).await {
+                tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed rename");
+            }
         }
     }
 
@@ -621,14 +658,11 @@ impl<S: ObjectStore> Filesystem<S> {
                     // Nothing is deleted yet: take the copies back, so a failed rename leaves
                     // the directory where it was (what cannot be taken back is logged).
                     let marker = dst_prefix.as_str();
-                    for meta in copied
+                    let copies: Vec<&ObjectMeta> = copied
                         .values()
                         .filter(|m| !(target_existed && m.key == marker))
-                    {
-                        if let Err(d) = self.delete_checked(meta).await {
-                            tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
-                        }
-                    }
+                        .collect();
+                    self.take_back(&copies).await;
                     // The copy that failed may have landed with only its answer lost.
                     if !(target_existed && tried == marker) {
                         match self.ns.store().head(&tried).await {
@@ -653,8 +687,20 @@ impl<S: ObjectStore> Filesystem<S> {
                 }
             }
         }
-        for o in &objects {
+        for (done, o) in objects.iter().enumerate() {
             if let Err(e) = self.delete_checked(o).await {
+                if done == 0 && self.still_there(o).await {
+                    // Nothing is deleted: as when a copy fails, the copies are taken back and
+                    // the directory stays where it was.
+                    let marker = dst_prefix.as_str();
+                    let copies: Vec<&ObjectMeta> = copied
+                        .values()
+                        .filter(|m| !(target_existed && m.key == marker))
+                        .collect();
+                    self.take_back(&copies).await;
+                    self.ns.forget_outcome(to);
+                    return Err(e);
+                }
                 // Past the point of no return: some objects are under each name.
                 self.ns.forget_outcome(from);
                 self.ns.forget_outcome(to);

@@ -174,6 +174,17 @@ pub(super) struct Through {
 /// How many possibly-landed versions an item remembers.
 const MAYBE_LANDED: usize = 8;
 
+/// Adds (CRC32C, size) of a version that may have landed unseen to `list`, which keeps the
+/// last [`MAYBE_LANDED`].
+pub(super) fn note_maybe_landed(list: &mut Vec<(u32, u64)>, entry: (u32, u64)) {
+    if !list.contains(&entry) {
+        if list.len() == MAYBE_LANDED {
+            list.remove(0);
+        }
+        list.push(entry);
+    }
+}
+
 impl Item {
     /// Whether the working copy's file is the one the unsaved record vouches for.
     pub fn work_is_unsaved_record(&self) -> bool {
@@ -239,13 +250,7 @@ impl Item {
     }
 
     pub fn note_maybe_landed(&mut self, v: &Version) {
-        let entry = (v.crc32c, v.size);
-        if !self.maybe_landed.contains(&entry) {
-            if self.maybe_landed.len() == MAYBE_LANDED {
-                self.maybe_landed.remove(0);
-            }
-            self.maybe_landed.push(entry);
-        }
+        note_maybe_landed(&mut self.maybe_landed, (v.crc32c, v.size));
     }
 
     /// The journal record of the working copy's changes that were not saved, as record `id`.

@@ -501,6 +501,12 @@ impl<S: ObjectStore> WriteBack<S> {
         let Some(mut v) = it.pending.take() else {
             return Ok(());
         };
+        // Shrunk below the size uploaded in parts: the next attempt sends one request and never
+        // sweeps the parts the last one may have left (a larger one sweeps them when it is done).
+        let threshold = self.cfg.upload.single_shot_threshold;
+        if v.size >= threshold && size < threshold {
+            self.sweep_parts(v.id, Some(v.seq));
+        }
         (v.size, v.crc32c, v.fallback) = (size, crc, None);
         v.progress = super::journal::UploadState::Staged;
         let rec = it.record(&v);

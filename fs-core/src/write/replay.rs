@@ -16,7 +16,7 @@
 //!   parts are removed only once they are older than [`FOREIGN_PARTS_AGE`]: that mount may be
 //!   uploading them right now.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use super::cache_dir::{ClaimError, Owner};
@@ -367,6 +367,9 @@ impl<S: ObjectStore> WriteBack<S> {
         match measured {
             Ok((size, crc)) if (size, crc) != (rec.size, rec.crc32c) => {
                 tracing::info!(key = %rec.key, size, "a file the kernel wrote itself is taken as it is on the disk");
+                // The version as the record sealed it may be in the bucket already (uploaded,
+                // with the line that forgot the record lost): it is ours if found there.
+                super::item::note_maybe_landed(&mut rec.maybe_landed, (rec.crc32c, rec.size));
                 (rec.size, rec.crc32c, rec.prefix) = (size, crc, None);
                 rec.unsealed = false;
                 rec.boot = crate::platform::boot_id();
@@ -454,12 +457,10 @@ impl<S: ObjectStore> WriteBack<S> {
         self.cleanups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let me = self.clone();
-        // Versions made from now on have higher ids and are never touched.
-        let horizon = self.peek_next_id();
         tokio::spawn(async move {
             let mut wait = Duration::from_millis(200);
             for _ in 0..CLEANUP_ROUNDS {
-                if me.remove_orphan_parts(horizon).await {
+                if me.remove_orphan_parts().await {
                     break;
                 }
                 tokio::time::sleep(wait).await;
@@ -471,10 +472,15 @@ impl<S: ObjectStore> WriteBack<S> {
         });
     }
 
-    /// Deletes temporary part objects nobody needs: this cache directory's with an id below
-    /// `horizon` (the ids in use when the mount started), unless a live version may use them,
-    /// and other mounts' once they are old. Returns whether the whole listing was gone through.
-    pub async fn remove_orphan_parts(&self, horizon: u64) -> bool {
+    /// Deletes temporary part objects nobody needs: this cache directory's unless a version
+    /// pending now may use them, and other mounts' once they are old. Returns whether the
+    /// whole listing was gone through.
+    ///
+    /// What is pending is looked at after each page is listed, so a part listed belongs to a
+    /// version sealed before: pending still, it is kept; done with, its parts are garbage.
+    /// Ids alone cannot tell old from new: after a power cut the ids of versions whose records
+    /// were lost are handed out again, and their parts may still be in the bucket.
+    pub async fn remove_orphan_parts(&self) -> bool {
         let root = self.cfg.upload.temp_prefix.clone();
         let own = format!("{root}{}/", self.dir.tag());
         let mut token = None;
@@ -492,12 +498,17 @@ impl<S: ObjectStore> WriteBack<S> {
                     return false;
                 }
             };
-            let live = self.live_version_ids().await;
+            let live = self.live_versions().await;
             for o in &page.objects {
                 let remove = match o.key.strip_prefix(&own) {
-                    Some(rest) => {
-                        parse_id(rest).is_none_or(|id| id < horizon && !live.contains(&id))
-                    }
+                    // A staging file still in use keeps the parts its pending version may use:
+                    // those of its own upload, and those its progress lists (an earlier
+                    // version's, appended to). An older version's are garbage.
+                    Some(rest) => parse_id_seq(rest).is_none_or(|(id, seq)| {
+                        live.get(&id).is_none_or(|keep| {
+                            keep.seq != Some(seq) && !keep.parts.contains(&o.key)
+                        })
+                    }),
                     // Another mount's, once old; only names of our own form, so an object
                     // someone else put in the folder is never taken for a leftover.
                     None => {
@@ -529,21 +540,24 @@ impl<S: ObjectStore> WriteBack<S> {
     }
 
     /// Ids of the versions that live items may still upload.
-    async fn live_version_ids(&self) -> HashSet<u64> {
+    async fn live_versions(&self) -> HashMap<u64, KeepParts> {
         let items: Vec<_> = self.by_key.lock().values().cloned().collect();
-        let mut ids = HashSet::new();
+        let mut live: HashMap<u64, KeepParts> = HashMap::new();
         for shared in items {
             let it = shared.item.lock().await;
+            live.entry(it.work_id).or_default();
             if let Some(p) = &it.pending {
-                ids.insert(p.id);
+                let keep = live.entry(p.id).or_default();
+                keep.seq = Some(p.seq);
+                if let UploadState::Uploading { parts, .. } = &p.progress {
+                    keep.parts.extend(parts.iter().map(|r| r.key.clone()));
+                }
             }
-            ids.insert(it.work_id);
         }
-        ids
+        live
     }
 }
 
-/// The version id a part name starts with (`<id:016x>/…`).
 /// Whether `rest` (a key below the parts folder) has the form of a temporary part:
 /// `<tag>/<id>/<seq>/<part>` (or an earlier version's `<tag>/<id>-<seq>/<part>`), tag and id
 /// in hex (16 digits), and the part `NNNNN` or a compose level's `cL-NNNNN`.
@@ -570,9 +584,20 @@ fn is_part_name(rest: &str) -> bool {
     hex16(tag) && version && part_ok
 }
 
-fn parse_id(rest: &str) -> Option<u64> {
-    let (id, _) = rest.split_once('/')?;
-    u64::from_str_radix(id, 16).ok()
+/// What of a staging file still in use the start-up cleanup keeps: the parts of its pending
+/// version's upload (`seq`), and the parts that version's progress lists.
+#[derive(Default)]
+struct KeepParts {
+    seq: Option<u64>,
+    parts: HashSet<String>,
+}
+
+/// The staging file id and version seq a part name starts with (`<id:016x>/<seq>/…`).
+fn parse_id_seq(rest: &str) -> Option<(u64, u64)> {
+    let mut pieces = rest.split('/');
+    let id = u64::from_str_radix(pieces.next()?, 16).ok()?;
+    let seq = pieces.next()?.parse().ok()?;
+    Some((id, seq))
 }
 
 #[cfg(test)]

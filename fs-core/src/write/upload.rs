@@ -111,8 +111,13 @@ impl UploadSource {
         let (file, buffers) = (self.file.clone(), self.buffers.clone());
         crate::platform::blocking(move || buffers.read_at(&file, range))
             .await
-            .map_err(|e| {
-                StoreError::new(StoreErrorKind::Other, format!("reading staged data: {e}"))
+            .map_err(|e| match e.kind() {
+                // The file is shorter than the version: changed since its seal (a live
+                // version the kernel writes), or cut short; as a CRC32C mismatch would say.
+                std::io::ErrorKind::UnexpectedEof => {
+                    changed_under_us("the file is shorter than the version")
+                }
+                _ => StoreError::new(StoreErrorKind::Other, format!("reading staged data: {e}")),
             })
     }
 }

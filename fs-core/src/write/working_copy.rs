@@ -208,8 +208,10 @@ impl<S: ObjectStore> WriteBack<S> {
         self.detach_from_unsaved(it, u64::MAX).await?;
         let end = it.work.size().max(offset + data.len() as u64);
         // Would this change bytes of the pending version, kept in the same file? Then the
-        // version stays as it is and the write goes to a copy (charged for up front).
+        // version stays as it is and the write goes to a copy (charged for up front). A live
+        // version (the kernel wrote its file) is its whole file as it is, so any change would.
         let copy = match it.pending.as_ref() {
+            Some(p) if p.id == it.work_id && p.live => true,
             Some(p) if p.id == it.work_id && offset < p.size => {
                 let overlap = ((p.size - offset) as usize).min(data.len());
                 !it.work.holds(offset, &data[..overlap])?
@@ -263,11 +265,19 @@ impl<S: ObjectStore> WriteBack<S> {
         self.settle_forgotten(it).await?;
         self.refresh(shared, it);
         self.detach_from_unsaved(it, len).await?;
-        match it.pending.as_ref().map(|p| (p.id, p.size)) {
-            // The kernel writes the file itself: it is changed in place, its version live.
-            Some((id, size)) if id == it.work_id && len < size && it.through.is_none() => {
+        match it.pending.as_ref().map(|p| (p.id, p.size, p.live)) {
+            // A cut into the pending version kept in the same file, or any change to a live
+            // one (its whole file is the version), goes to a copy. While the kernel writes the
+            // file itself it is changed in place: its version is live.
+            Some((id, size, live))
+                if id == it.work_id && (len < size || live) && it.through.is_none() =>
+            {
                 self.reserve_bytes(shared, len + size).await?;
-                self.copy_on_write(it, len).await?;
+                let kept = len.min(it.work.size());
+                self.copy_on_write(it, kept).await?;
+                if len > kept {
+                    it.work.truncate(len)?;
+                }
             }
             _ => {
                 self.reserve(shared, it, len).await?;

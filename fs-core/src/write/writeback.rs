@@ -239,10 +239,6 @@ impl<S: ObjectStore> WriteBack<S> {
         self.next_id.fetch_add(1, Ordering::SeqCst)
     }
 
-    pub(super) fn peek_next_id(&self) -> u64 {
-        self.next_id.load(Ordering::SeqCst)
-    }
-
     pub(super) fn bump_next_id(&self, past: u64) {
         self.next_id.fetch_max(past + 1, Ordering::SeqCst);
     }

@@ -297,3 +297,29 @@ fn part_count_is_bounded() {
     let huge = 5u64 << 40;
     assert!(huge.div_ceil(part_size_for(huge, &cfg)) <= 1024);
 }
+
+/// A staging file cut shorter than its version after the seal (a live version the kernel
+/// truncated) fails the upload as changed bytes do, which the engine answers by sealing the
+/// file again as it is now; not as an unreadable file retried with backoff.
+#[tokio::test]
+async fn a_file_shorter_than_its_version_fails_as_changed_bytes() {
+    let data = bytes(100 * 1024, 5);
+    let (f, src) = source(&data);
+    f.as_file().set_len(40 * 1024).unwrap();
+    let store = MemoryStore::new();
+    for mode in [UploadMode::Composite, UploadMode::Resumable] {
+        let err = upload(
+            &store,
+            &src,
+            &job("short", Precondition::DoesNotExist, &data),
+            &small_cfg(mode),
+            &UploadState::Staged,
+            &no_progress,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::Other);
+        assert!(err.message.contains("staged bytes"), "{mode:?}: {err}");
+    }
+    assert!(store.object_bytes("short").is_none(), "nothing landed");
+}
