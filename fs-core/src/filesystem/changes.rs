@@ -395,18 +395,9 @@ impl<S: ObjectStore> Filesystem<S> {
                     Err(e) => return Err(e),
                 };
                 // False: another writer replaced the source meanwhile, and theirs stays.
-                let deleted = match self.delete_checked(m).await {
-                    Ok(deleted) => deleted,
-                    Err(e) => {
-                        // With the source still there, a copy to a free name is taken back, and
-                        // the rename did not happen. One over a file cannot be (the file it
-                        // replaced is gone): both names then hold the renamed file.
-                        if dst_seen.is_none() && self.still_there(m).await {
-                            self.take_back(&[&copied]).await;
-                        }
-                        return Err(e);
-                    }
-                };
+                // A failure leaves the copy: both names hold the file (see rename_dir_paused
+                // for why a copy is never taken back after a failed delete).
+                let deleted = self.delete_checked(m).await?;
                 // Whatever item holds the source now moves (one may have been made during the
                 // pause); without one, an item of the replaced target goes.
                 if w.item(&src_key).is_some() {
@@ -461,16 +452,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let copied = self
             .copy_checked(src, &saved_key, Precondition::DoesNotExist)
             .await?;
-        let deleted = match self.delete_checked(src).await {
-            Ok(deleted) => deleted,
-            Err(e) => {
-                // The source still there, its conflict copy is taken back.
-                if self.still_there(src).await {
-                    self.take_back(&[&copied]).await;
-                }
-                return Err(e);
-            }
-        };
+        let deleted = self.delete_checked(src).await?;
         if w.item(src_key).is_some() {
             let moved = w
                 .rename(src_key, &saved_key, Some(copied.generation), Some(src))
@@ -531,13 +513,6 @@ impl<S: ObjectStore> Filesystem<S> {
             },
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Whether the object `m` is known to be still in the bucket, that generation: a delete of
-    /// it that failed may yet have landed (its answer lost, and the look after it failed too).
-    /// Only then may a failed rename take its copies back; else they may be all that is left.
-    async fn still_there(&self, m: &ObjectMeta) -> bool {
-        matches!(self.ns.store().head(&m.key).await, Ok(h) if h.generation == m.generation)
     }
 
     /// Deletes the copies a failed rename made, each of the generation it made. What cannot be
@@ -687,21 +662,12 @@ impl<S: ObjectStore> Filesystem<S> {
                 }
             }
         }
-        for (done, o) in objects.iter().enumerate() {
+        for o in &objects {
             if let Err(e) = self.delete_checked(o).await {
-                if done == 0 && self.still_there(o).await {
-                    // Nothing is deleted: as when a copy fails, the copies are taken back and
-                    // the directory stays where it was.
-                    let marker = dst_prefix.as_str();
-                    let copies: Vec<&ObjectMeta> = copied
-                        .values()
-                        .filter(|m| !(target_existed && m.key == marker))
-                        .collect();
-                    self.take_back(&copies).await;
-                    self.ns.forget_outcome(to);
-                    return Err(e);
-                }
-                // Past the point of no return: some objects are under each name.
+                // Past the point of no return: some objects are under each name. A delete that
+                // failed is never followed by taking the copies back: it may still land (a
+                // request timed out on our side can run on the server later), and then the
+                // copies would be all that is left.
                 self.ns.forget_outcome(from);
                 self.ns.forget_outcome(to);
                 return Err(e);

@@ -231,33 +231,6 @@ async fn directory_rename_over_the_limit_is_exdev() {
     assert_eq!(store.keys().len(), 5, "nothing was copied or deleted");
 }
 
-/// The copies are made, then the first delete fails: nothing is gone from the old name yet,
-/// so the rename takes its copies back and the directory is where it was, not at both names.
-#[tokio::test]
-async fn a_directory_rename_whose_first_delete_fails_leaves_the_directory_where_it_was() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
-    store.insert("d/", "");
-    store.insert("d/a", "alpha");
-    store.insert("d/b", "beta");
-    let fs = writable(&store, dir.path());
-    fs.lookup(ROOT_INO, "d").await.unwrap();
-    store.fail_next_deletes(1);
-    assert!(fs.rename(ROOT_INO, "d", ROOT_INO, "e").await.is_err());
-    assert_eq!(store.keys(), vec!["d/", "d/a", "d/b"]);
-    assert_eq!(
-        fs.lookup(ROOT_INO, "e").await.unwrap_err(),
-        FsError::NotFound
-    );
-    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
-    let a = fs.lookup(d.ino, "a").await.unwrap();
-    assert_eq!(a.size, 5);
-    // Once the link is back, the same rename goes through.
-    fs.rename(ROOT_INO, "d", ROOT_INO, "e").await.unwrap();
-    assert_eq!(store.keys(), vec!["e/", "e/a", "e/b"]);
-    assert_eq!(&store.object_bytes("e/b").unwrap()[..], b"beta");
-}
-
 #[tokio::test]
 async fn a_file_changed_behind_an_open_handle_ends_as_two_objects() {
     let dir = tempfile::tempdir().unwrap();

@@ -172,8 +172,6 @@ pub struct MemoryStore {
     next_generation: AtomicI64,
     /// The next this-many requests fail with a transient error.
     fail_next: AtomicU64,
-    /// The next this-many deletes fail with a transient error, before having any effect.
-    fail_next_deletes: AtomicU64,
     faults: Mutex<Faults>,
     /// Retries of transient failures, as `GcsStore` makes them per request (`None`: none).
     retry: Mutex<Option<RetryPolicy>>,
@@ -231,12 +229,6 @@ impl MemoryStore {
     /// Makes the next `n` requests fail with a transient error.
     pub fn fail_next(&self, n: u64) {
         self.fail_next.store(n, Ordering::SeqCst);
-    }
-
-    /// Makes the next `n` deletes fail with a transient error before having any effect (other
-    /// requests go through): a link that drops while a change is half made.
-    pub fn fail_next_deletes(&self, n: u64) {
-        self.fail_next_deletes.store(n, Ordering::SeqCst);
     }
 
     /// Injects random faults and delays into every request from now on (`None`: none).
@@ -599,13 +591,6 @@ impl MemoryStore {
 
     async fn once_delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
         self.counts.delete.fetch_add(1, Ordering::SeqCst);
-        if self
-            .fail_next_deletes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(transient("injected transient failure of a delete"));
-        }
         let plan = self.begin("delete", key).await?;
         let result = {
             let mut objects = self.objects.lock();
