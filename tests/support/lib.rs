@@ -594,7 +594,7 @@ impl Mount {
         cache_dir: &Path,
         args: &[&str],
     ) -> Result<Self> {
-        Self::spawn(endpoint, spec, cache_dir, &["--anonymous"], args)
+        Self::spawn(endpoint, spec, cache_dir, &["--anonymous"], &[], args)
     }
 
     /// Mounts through `endpoint` with extra environment for the daemon (`SSL_CERT_FILE`).
@@ -605,14 +605,7 @@ impl Mount {
         env: &[(&str, &Path)],
         args: &[&str],
     ) -> Result<Self> {
-        Self::spawn_in(
-            endpoint,
-            spec,
-            CacheArg::Named(cache_dir),
-            &["--anonymous"],
-            env,
-            args,
-        )
+        Self::spawn(endpoint, spec, cache_dir, &["--anonymous"], env, args)
     }
 
     /// Mounts with the credentials of a service-account key file instead of anonymously.
@@ -624,7 +617,7 @@ impl Mount {
         args: &[&str],
     ) -> Result<Self> {
         let key = key_file.to_string_lossy();
-        Self::spawn(endpoint, spec, cache_dir, &["--key-file", &key], args)
+        Self::spawn(endpoint, spec, cache_dir, &["--key-file", &key], &[], args)
     }
 
     fn spawn(
@@ -632,6 +625,7 @@ impl Mount {
         spec: &str,
         cache_dir: &Path,
         credentials: &[&str],
+        env: &[(&str, &Path)],
         args: &[&str],
     ) -> Result<Self> {
         Self::spawn_in(
@@ -639,7 +633,7 @@ impl Mount {
             spec,
             CacheArg::Named(cache_dir),
             credentials,
-            &[],
+            env,
             args,
         )
     }

@@ -515,16 +515,6 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
-    /// Deletes the copies a failed rename made, each of the generation it made. What cannot be
-    /// taken back is logged.
-    async fn take_back(&self, copies: &[&ObjectMeta]) {
-        for &meta in copies {
-            if let Err(d) = self.delete_checked(meta).await {
-                tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed rename");
-            }
-        }
-    }
-
     /// Server-side copy of `src` to `dest`. A failure is checked before it is believed: when a
     /// try landed and only its answer was lost (the retry then fails its precondition, or the
     /// retries run out), the object at `dest` already holds `src`'s bytes, and that is success.
@@ -633,11 +623,14 @@ impl<S: ObjectStore> Filesystem<S> {
                     // Nothing is deleted yet: take the copies back, so a failed rename leaves
                     // the directory where it was (what cannot be taken back is logged).
                     let marker = dst_prefix.as_str();
-                    let copies: Vec<&ObjectMeta> = copied
+                    for meta in copied
                         .values()
                         .filter(|m| !(target_existed && m.key == marker))
-                        .collect();
-                    self.take_back(&copies).await;
+                    {
+                        if let Err(d) = self.delete_checked(meta).await {
+                            tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
+                        }
+                    }
                     // The copy that failed may have landed with only its answer lost.
                     if !(target_existed && tried == marker) {
                         match self.ns.store().head(&tried).await {

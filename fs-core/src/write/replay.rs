@@ -539,7 +539,8 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
-    /// Ids of the versions that live items may still upload.
+    /// The staging files live items still use, each with the parts its pending version may
+    /// still upload or reuse.
     async fn live_versions(&self) -> HashMap<u64, KeepParts> {
         let items: Vec<_> = self.by_key.lock().values().cloned().collect();
         let mut live: HashMap<u64, KeepParts> = HashMap::new();
