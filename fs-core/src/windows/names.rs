@@ -89,13 +89,32 @@ fn is_device(first: char, rest: &str) -> bool {
     DEVICES.iter().any(|d| d.eq_ignore_ascii_case(&stem))
 }
 
+/// The rest of an object name as far as the device check reads it: as Windows will see it,
+/// with a trailing dot or space already shown as its look-alike. Both directions then judge the
+/// same string: `Con.` shows as `Con．`, which Windows does not reserve, so its `C` stays.
+fn shown_rest(rest: &[char]) -> String {
+    let mut s: String = rest.iter().collect();
+    match rest.last() {
+        Some('.') => {
+            s.pop();
+            s.push(TRAILING_DOT);
+        }
+        Some(' ') => {
+            s.pop();
+            s.push(TRAILING_SPACE);
+        }
+        _ => {}
+    }
+    s
+}
+
 /// The Windows name of the object name `name` (one path component).
 pub fn to_windows(name: &str) -> String {
     let chars: Vec<char> = name.chars().collect();
     let last = chars.len().saturating_sub(1);
     let mut out = String::with_capacity(name.len() + 4);
     for (i, &c) in chars.iter().enumerate() {
-        let rest: String = chars[i + 1..].iter().collect();
+        let rest = shown_rest(&chars[i + 1..]);
         if i == 0 && is_device(c, &rest) {
             if let Some(w) = wide(c) {
                 out.push(w);
@@ -261,6 +280,9 @@ mod tests {
             ("\u{FF0E}x", "\u{FF0E}x"),
             ("\u{FF23}ON", "\u{201B}\u{FF23}ON"),
             ("\u{FF23}AT", "\u{FF23}AT"),
+            ("Con.", "Con\u{FF0E}"),
+            ("\u{FF23}on.", "\u{FF23}on\u{FF0E}"),
+            ("con..", "\u{FF43}on.\u{FF0E}"),
             ("日本語", "日本語"),
         ];
         for (object, windows) in cases {
