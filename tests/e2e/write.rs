@@ -144,16 +144,35 @@ fn mkdir_rmdir_and_rename_of_files_and_directories() -> Result<()> {
     std::fs::rename(p.join("a/top.txt"), p.join("a/renamed.txt"))?;
     assert_eq!(std::fs::read(p.join("a/renamed.txt"))?, b"top");
     assert!(!p.join("a/top.txt").exists());
-    // Directory rename, object by object.
+    // Directory rename, object by object. Another tool's object under it keeps its metadata
+    // and content type; each copy carries the rename's token as well.
+    emu.put_with_metadata("names", "a/b/tool.bin", b"tool", &[("origin", "gsutil")])?;
+    let before: serde_json::Value = serde_json::from_str(&emu.metadata("names", "a/b/tool.bin")?)?;
     std::fs::rename(p.join("a/b"), p.join("moved"))?;
     assert_eq!(std::fs::read(p.join("moved/c/f.txt"))?, b"deep");
+    assert_eq!(std::fs::read(p.join("moved/tool.bin"))?, b"tool");
     let k = emu.keys("names")?;
     assert_eq!(
         k,
-        vec!["a/", "a/renamed.txt", "moved/", "moved/c/", "moved/c/f.txt"],
+        vec![
+            "a/",
+            "a/renamed.txt",
+            "moved/",
+            "moved/c/",
+            "moved/c/f.txt",
+            "moved/tool.bin"
+        ],
         "{k:?}"
     );
+    let after: serde_json::Value = serde_json::from_str(&emu.metadata("names", "moved/tool.bin")?)?;
+    assert_eq!(after["metadata"]["origin"], "gsutil", "{after}");
+    assert!(
+        after["metadata"]["bucketdrive-rename"].is_string(),
+        "{after}"
+    );
+    assert_eq!(after["contentType"], before["contentType"], "{after}");
     // Remove everything again.
+    std::fs::remove_file(p.join("moved/tool.bin"))?;
     std::fs::remove_file(p.join("moved/c/f.txt"))?;
     std::fs::remove_dir(p.join("moved/c"))?;
     std::fs::remove_dir(p.join("moved"))?;

@@ -27,7 +27,7 @@ use crate::error::{FsError, FsResult};
 use crate::namespace::{names, Attr, Entry, Ino, Kind};
 use crate::store::{
     mtime_metadata, ListRequest, ObjectMeta, ObjectStore, Precondition, StoreErrorKind,
-    WriteOptions, SYMLINK_KEY, WRITER_KEY,
+    WriteOptions, RENAME_KEY, SYMLINK_KEY, WRITER_KEY,
 };
 use crate::write::upload::conflict_key;
 
@@ -386,7 +386,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Some(m) => {
                 let pre =
                     dst_seen.map_or(Precondition::DoesNotExist, Precondition::GenerationMatch);
-                let copied = match self.copy_checked(m, &dst_key, pre).await {
+                let copied = match self.copy_checked(m, &dst_key, pre, None).await {
                     Ok(c) => c,
                     Err(FsError::Stale) => {
                         self.rename_beside(from, to, m, &src_key, &dst_key).await?;
@@ -450,7 +450,7 @@ impl<S: ObjectStore> Filesystem<S> {
         let saved_key = self.ns.key_of(&saved_path);
         tracing::error!(key = %dst_key, saved_as = %saved_key, "conflict: another writer's object is at the target of a rename; it is left as it is and the renamed file was saved beside it");
         let copied = self
-            .copy_checked(src, &saved_key, Precondition::DoesNotExist)
+            .copy_checked(src, &saved_key, Precondition::DoesNotExist, None)
             .await?;
         let deleted = self.delete_checked(src).await?;
         if w.item(src_key).is_some() {
@@ -518,16 +518,20 @@ impl<S: ObjectStore> Filesystem<S> {
     /// Server-side copy of `src` to `dest`. A failure is checked before it is believed: when a
     /// try landed and only its answer was lost (the retry then fails its precondition, or the
     /// retries run out), the object at `dest` already holds `src`'s bytes, and that is success.
+    /// With `mark` (a directory rename's token, see [`RENAME_KEY`]) the copy carries it, and
+    /// only an object carrying it is taken for ours: what this returns is then this request's
+    /// own copy, never an identical one another writer made.
     async fn copy_checked(
         &self,
         src: &ObjectMeta,
         dest: &str,
         pre: Precondition,
+        mark: Option<&str>,
     ) -> FsResult<ObjectMeta> {
         let err = match self
             .ns
             .store()
-            .copy(&src.key, src.generation, dest, pre)
+            .copy(&src.key, src.generation, dest, pre, mark)
             .await
         {
             Ok(m) => return Ok(m),
@@ -535,7 +539,7 @@ impl<S: ObjectStore> Filesystem<S> {
             Err(e) => return Err(e.into()),
         };
         match self.ns.store().head(dest).await {
-            Ok(m) if is_copy_of(&m, src) => Ok(m),
+            Ok(m) if is_copy_of(&m, src) && carries(&m, mark) => Ok(m),
             // Someone else's object, or none: the precondition failed against another writer.
             Ok(_) => Err(stale_or(err)),
             Err(h) if h.kind == StoreErrorKind::NotFound => Err(stale_or(err)),
@@ -593,6 +597,11 @@ impl<S: ObjectStore> Filesystem<S> {
                 break;
             }
         }
+        // Every copy carries this token: after a failure, only what carries it is taken back.
+        // Another mount renaming the same directory at once makes identical copies; taking
+        // one of those back could remove the only copy left once it deletes the source.
+        let token = format!("{}.{:016x}", w.tag(), rand::random::<u64>());
+        let mark = Some(token.as_str());
         let mut copied: HashMap<String, ObjectMeta> = HashMap::new();
         for o in &objects {
             let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
@@ -604,13 +613,13 @@ impl<S: ObjectStore> Filesystem<S> {
                 Precondition::DoesNotExist
             };
             let mut tried = dest.clone();
-            let result = match self.copy_checked(o, &dest, pre).await {
+            let result = match self.copy_checked(o, &dest, pre, mark).await {
                 Err(FsError::Stale) => {
                     let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
                     tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
                     w.note_conflict();
                     tried = saved_as.clone();
-                    self.copy_checked(o, &saved_as, Precondition::DoesNotExist)
+                    self.copy_checked(o, &saved_as, Precondition::DoesNotExist, mark)
                         .await
                 }
                 other => other,
@@ -634,11 +643,8 @@ impl<S: ObjectStore> Filesystem<S> {
                     // The copy that failed may have landed with only its answer lost.
                     if !(target_existed && tried == marker) {
                         match self.ns.store().head(&tried).await {
-                            // An empty object names its writer, or it may be anyone's.
-                            Ok(m)
-                                if is_copy_of(&m, o)
-                                    && (m.size > 0 || m.metadata.contains_key(WRITER_KEY)) =>
-                            {
+                            // Ours only if it carries this rename's token.
+                            Ok(m) if is_copy_of(&m, o) && carries(&m, mark) => {
                                 if let Err(d) = self.delete_checked(&m).await {
                                     tracing::warn!(key = %m.key, error = %d, "could not take back a copy of a failed directory rename");
                                 }
@@ -766,6 +772,11 @@ fn stale_or(err: crate::store::StoreError) -> FsError {
     } else {
         err.into()
     }
+}
+
+/// Whether `m` carries the token `mark` of a directory rename (true when there is none).
+fn carries(m: &ObjectMeta, mark: Option<&str>) -> bool {
+    mark.is_none_or(|t| m.metadata.get(RENAME_KEY).map(String::as_str) == Some(t))
 }
 
 /// Whether `m` is a copy of `src`. Every empty object has the same CRC32C and size: an empty

@@ -224,6 +224,50 @@ async fn a_directory_rename_does_not_replace_an_unseen_object_under_the_target()
     assert!(store.object_bytes("d/f").is_none());
 }
 
+/// Two machines rename one directory at once. This mount's rename fails halfway; the other's
+/// goes on. An identical copy the other made at the target is not this rename's to take back:
+/// the other machine deletes the source next, and that copy is then the only one left.
+#[tokio::test]
+async fn a_failed_directory_rename_takes_back_only_its_own_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let x = store.insert("d/x", &b"x bytes"[..]);
+    let y = store.insert("d/y", &b"y bytes"[..]);
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    assert!(matches!(
+        m1.lookup(ROOT_INO, "e").await,
+        Err(FsError::NotFound)
+    ));
+    m1.lookup(ROOT_INO, "d").await.unwrap();
+    // The other machine's rename has copied d/x so far.
+    store
+        .copy("d/x", x.generation, "e/x", Precondition::DoesNotExist, None)
+        .await
+        .unwrap();
+    // Ours fails at d/y, after meeting the other's copy of d/x.
+    store.fail_next_on("copy", "e/y");
+    assert!(m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.is_err());
+    // The other machine finishes its rename.
+    store
+        .copy("d/y", y.generation, "e/y", Precondition::DoesNotExist, None)
+        .await
+        .unwrap();
+    for (key, generation) in [("d/x", x.generation), ("d/y", y.generation)] {
+        store
+            .delete(key, Precondition::GenerationMatch(generation))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        objects_like(&store, ""),
+        vec![
+            ("e/x".to_string(), b"x bytes".to_vec()),
+            ("e/y".to_string(), b"y bytes".to_vec()),
+        ],
+        "every file once at the new name, and nothing of the failed rename left behind"
+    );
+}
+
 /// Two machines saving one new file at once: the object plus one conflict copy.
 #[tokio::test]
 async fn two_machines_saving_one_new_file_leave_the_object_and_a_conflict_copy() {

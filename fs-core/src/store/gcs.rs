@@ -492,6 +492,42 @@ fn to_meta(o: Object) -> ObjectMeta {
     }
 }
 
+impl GcsStore {
+    /// The body of a marked copy: a copy request with a body takes every editable field from
+    /// the body alone (none from the source), so each of them is read from the source
+    /// generation first and sent back, the custom metadata with the mark added.
+    async fn marked_resource(
+        &self,
+        src: &str,
+        generation: i64,
+        token: &str,
+    ) -> StoreResult<Object> {
+        let req = GetObjectRequest {
+            bucket: self.bucket.clone(),
+            object: src.to_string(),
+            generation: Some(generation),
+            ..Default::default()
+        };
+        let o = self
+            .call("head", src, || async {
+                self.client.get_object(&req).await.map_err(classify)
+            })
+            .await?;
+        let mut metadata = o.metadata.unwrap_or_default();
+        metadata.insert(super::RENAME_KEY.to_string(), token.to_string());
+        Ok(Object {
+            content_type: o.content_type,
+            content_encoding: o.content_encoding,
+            content_disposition: o.content_disposition,
+            content_language: o.content_language,
+            cache_control: o.cache_control,
+            custom_time: o.custom_time,
+            metadata: Some(metadata),
+            ..Default::default()
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl ObjectStore for GcsStore {
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
@@ -680,7 +716,12 @@ impl ObjectStore for GcsStore {
         src_generation: i64,
         dest: &str,
         pre: Precondition,
+        mark: Option<&str>,
     ) -> StoreResult<ObjectMeta> {
+        let metadata = match mark {
+            None => None,
+            Some(token) => Some(self.marked_resource(src, src_generation, token).await?),
+        };
         let req = CopyObjectRequest {
             source_bucket: self.bucket.clone(),
             source_object: src.to_string(),
@@ -688,6 +729,7 @@ impl ObjectStore for GcsStore {
             destination_object: dest.to_string(),
             if_generation_match: pre.if_generation_match(),
             if_source_generation_match: Some(src_generation),
+            metadata,
             ..Default::default()
         };
         self.call("copy", dest, || async {

@@ -181,6 +181,8 @@ pub struct MemoryStore {
     lose_final_answers: AtomicU64,
     /// The next this-many writes (of any kind) land, then lose their answer.
     lose_next_answers: AtomicU64,
+    /// Requests (operation, key) that fail once with a transient error before any effect.
+    fail_on: Mutex<Vec<(&'static str, String)>>,
     link: Mutex<Option<LinkModel>>,
     /// Reads passing through the link now.
     streams: AtomicU64,
@@ -229,6 +231,13 @@ impl MemoryStore {
     /// Makes the next `n` requests fail with a transient error.
     pub fn fail_next(&self, n: u64) {
         self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next `op` request ("copy", "delete", …) on `key` fail with a transient error
+    /// before it has any effect: one failure placed exactly, where [`Self::fail_next`] counts
+    /// requests.
+    pub fn fail_next_on(&self, op: &'static str, key: &str) {
+        self.fail_on.lock().push((op, key.to_string()));
     }
 
     /// Injects random faults and delays into every request from now on (`None`: none).
@@ -306,7 +315,14 @@ impl MemoryStore {
             .fail_next
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
-        if took {
+        let placed = {
+            let mut on = self.fail_on.lock();
+            on.iter()
+                .position(|(o, k)| *o == op && k == key)
+                .map(|i| on.remove(i))
+                .is_some()
+        };
+        if took || placed {
             return Err(transient("injected transient failure"));
         }
         let plan = {
@@ -565,6 +581,7 @@ impl MemoryStore {
         src_generation: i64,
         dest: &str,
         pre: Precondition,
+        mark: Option<&str>,
     ) -> StoreResult<ObjectMeta> {
         self.counts.write.fetch_add(1, Ordering::SeqCst);
         let plan = self.begin("copy", dest).await?;
@@ -577,11 +594,15 @@ impl MemoryStore {
             {
                 None => Err(StoreError::not_found(src)),
                 Some(s) => {
-                    let opts = WriteOptions {
+                    let mut opts = WriteOptions {
                         content_type: s.meta.content_type.clone(),
                         metadata: s.meta.metadata.clone(),
                         crc32c: None,
                     };
+                    if let Some(token) = mark {
+                        opts.metadata
+                            .insert(super::RENAME_KEY.to_string(), token.to_string());
+                    }
                     self.commit_locked(&mut objects, dest, s.data, pre, &opts)
                 }
             }
@@ -712,9 +733,10 @@ impl ObjectStore for MemoryStore {
         src_generation: i64,
         dest: &str,
         pre: Precondition,
+        mark: Option<&str>,
     ) -> StoreResult<ObjectMeta> {
         self.retried("copy", dest, || {
-            self.once_copy(src, src_generation, dest, pre)
+            self.once_copy(src, src_generation, dest, pre, mark)
         })
         .await
     }
@@ -1052,7 +1074,7 @@ mod tests {
         assert_eq!(s.object_bytes("c").unwrap(), Bytes::from_static(b"abcd"));
         assert_eq!(c.crc32c, Some(crc32c::crc32c(b"abcd")));
         let cp = s
-            .copy("c", c.generation, "c2", Precondition::DoesNotExist)
+            .copy("c", c.generation, "c2", Precondition::DoesNotExist, None)
             .await
             .unwrap();
         assert_eq!(cp.size, 4);

@@ -108,6 +108,11 @@ pub const SYMLINK_KEY: &str = "gcsfuse_symlink_target";
 /// write of ours whose answer was lost from another machine's.
 pub const WRITER_KEY: &str = "bucketdrive-writer";
 
+/// Metadata key a directory rename's copies carry: a token of that one rename. Only a copy
+/// holding it may be taken back when the rename fails; an identical object without it may be
+/// another machine's rename of the same directory, which that machine may already count on.
+pub const RENAME_KEY: &str = "bucketdrive-rename";
+
 /// What the filesystem needs to know about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -388,13 +393,17 @@ pub trait ObjectStore: Send + Sync + 'static {
         opts: &WriteOptions,
     ) -> StoreResult<ObjectMeta>;
 
-    /// Server-side copy of generation `src_generation` of `src` to `dest`.
+    /// Server-side copy of generation `src_generation` of `src` to `dest`. With `mark`, the
+    /// copy also carries [`RENAME_KEY`] with that value, set in the same request as its bytes
+    /// (everything else of the source's is kept): a `HEAD` of `dest` after a lost answer then
+    /// tells this request's copy from an identical one another writer made.
     async fn copy(
         &self,
         src: &str,
         src_generation: i64,
         dest: &str,
         pre: Precondition,
+        mark: Option<&str>,
     ) -> StoreResult<ObjectMeta>;
 
     /// Deletes `key`, subject to `pre`.

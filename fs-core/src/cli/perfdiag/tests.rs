@@ -178,9 +178,10 @@ impl ObjectStore for Link {
         src_generation: i64,
         dest: &str,
         pre: Precondition,
+        mark: Option<&str>,
     ) -> StoreResult<ObjectMeta> {
         let _g = self.send(0).await;
-        self.inner.copy(src, src_generation, dest, pre).await
+        self.inner.copy(src, src_generation, dest, pre, mark).await
     }
 
     async fn delete(&self, key: &str, pre: Precondition) -> StoreResult<()> {
