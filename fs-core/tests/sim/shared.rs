@@ -33,6 +33,11 @@
 //! - VIEW: what a mount shows after a close is some version of the name with the user's writes
 //!   applied, and a read never shows bytes nobody wrote.
 //!
+//! A directory rename (`mv d1 d2`, either way) moves every object under the directory, whoever
+//! wrote it: its copies are checked as moves of what the directory held (under the same name,
+//! or beside an object under the new name as a conflict copy), and it may delete what its
+//! listing saw (see [`Moving`]).
+//!
 //! I10-I12 are left to their own checks: see [`Sim::hooks`].
 //!
 //! Environment: as the single-mount simulation (`SIM_SEED`, `SIM_SEEDS`, `SIM_OPS`,
@@ -153,8 +158,24 @@ struct Bucket {
     tolerated: Vec<Violation>,
     /// The kind of operation under way, which names a scan's violations' class.
     ctx: String,
+    /// A directory rename under way.
+    moving: Option<Moving>,
     /// Log lines the scans made, taken by the next note.
     lines: Vec<String>,
+}
+
+/// A directory rename under way. Its copies move objects, whoever wrote them, and may go
+/// beside an object under the new name as conflict copies; it deletes what its listing saw.
+#[derive(Debug)]
+struct Moving {
+    mount: usize,
+    from: String,
+    to: String,
+    /// (name under `from`, content) of every object there since the rename began (other
+    /// mounts' uploads run meanwhile, and the listing may see what they make).
+    had: HashSet<(String, Digest)>,
+    /// Every generation under `from` since the rename began: what its listing may have seen.
+    seen: HashSet<(String, i64)>,
 }
 
 /// A handle the simulated user of one mount holds open for writing.
@@ -300,6 +321,14 @@ fn scan(bucket: &mut Bucket, mounts: &[Mount], store: &MemoryStore, party: Party
         .filter(|(k, _, _)| !k.starts_with(&format!("{TEMP_DIR}/")) && !k.ends_with('/'))
         .map(|(k, g, b)| (k.as_str(), (*g, b)))
         .collect();
+    if let Some(mv) = bucket.moving.as_mut() {
+        for (k, (g, b)) in &live {
+            if let Some(rest) = k.strip_prefix(mv.from.as_str()) {
+                mv.had.insert((rest.to_string(), digest(b)));
+                mv.seen.insert((k.to_string(), *g));
+            }
+        }
+    }
     // Vanished generations: replaced or deleted by `party`.
     let gone: Vec<(String, i64)> = bucket
         .snap
@@ -326,7 +355,11 @@ fn scan(bucket: &mut Bucket, mounts: &[Mount], store: &MemoryStore, party: Party
             continue;
         }
         if let Party::Mount(m) = party {
-            if !mounts[m].seen.contains(&(k.clone(), g)) {
+            let listed = bucket
+                .moving
+                .as_ref()
+                .is_some_and(|mv| mv.mount == m && mv.seen.contains(&(k.clone(), g)));
+            if !mounts[m].seen.contains(&(k.clone(), g)) && !listed {
                 bucket.flag(violation(
                     "I8",
                     if how == "deleted" {
@@ -384,6 +417,11 @@ fn scan(bucket: &mut Bucket, mounts: &[Mount], store: &MemoryStore, party: Party
             .push(format!("bucket: {party} made {k}#{g} = {}", show(data)));
         bucket.gens.insert((k.to_string(), g), gen);
         bucket.gen_bytes.insert((k.to_string(), g), data.clone());
+        if let Party::Mount(m) = party {
+            if moved_by_rename(bucket, &mounts[m], m, k, d) {
+                continue;
+            }
+        }
         if let (Some(_), Party::Mount(m)) = (conflict_base(k), party) {
             bucket.conflicts.push((k.to_string(), m, d));
         }
@@ -426,6 +464,22 @@ fn show_digest(d: Digest) -> String {
     format!("{}B#{:04x}", d.0, d.1 & 0xffff)
 }
 
+/// Whether generation `key` (content `d`) that mount `m` just made is its directory rename's
+/// copy of an object the directory held: under the same name, or beside one under the new name
+/// as a conflict copy with `m`'s tag. Such a copy moves someone's bytes and is checked as a
+/// rename (I8 for what it deletes), not as a save.
+fn moved_by_rename(bucket: &Bucket, mount: &Mount, m: usize, key: &str, d: Digest) -> bool {
+    let Some(mv) = &bucket.moving else {
+        return false;
+    };
+    let Some(rest) = key.strip_prefix(mv.to.as_str()).filter(|_| mv.mount == m) else {
+        return false;
+    };
+    let beside = conflict_base(rest).filter(|_| key.ends_with(&format!("-{}", mount.tag)));
+    let moved = |name: &str| mv.had.contains(&(name.to_string(), d));
+    moved(rest) || beside.is_some_and(moved)
+}
+
 /// I2, I3 and I4 for a generation mount `m` just made.
 fn check_new(
     mount: &Mount,
@@ -456,10 +510,24 @@ fn check_new(
                 ),
             ));
         }
-        let others = bucket
-            .touched
-            .get(base)
-            .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)));
+        // A conflict copy a directory rename moved was made for its name under the old prefix.
+        let old_name = bucket
+            .moving
+            .as_ref()
+            .filter(|mv| mv.mount == m)
+            .and_then(|mv| {
+                base.strip_prefix(mv.to.as_str())
+                    .map(|r| format!("{}{r}", mv.from))
+            });
+        let others = [Some(base.to_string()), old_name]
+            .into_iter()
+            .flatten()
+            .any(|b| {
+                bucket
+                    .touched
+                    .get(&b)
+                    .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)))
+            });
         if !others {
             return Some(violation(
                 "I4",
@@ -517,6 +585,7 @@ enum Step {
     HandleFsync,
     Truncate,
     Rename,
+    RenameDir,
     Unlink,
     Save,
     Read,
@@ -924,6 +993,8 @@ impl Sim {
         match self.lookup(m, &dir)? {
             Some(Ok(a)) if a.kind == Kind::Dir => Ok(Some((a.ino, name))),
             None => Ok(None),
+            // A directory rename (of any mount) took it away.
+            Some(Err(FsError::NotFound)) => Ok(None),
             Some(other) => Err(violation(
                 "VIEW",
                 "a directory vanished",
@@ -1158,6 +1229,7 @@ impl Sim {
             (w(h, 3), Step::HandleFsync),
             (4, Step::Truncate),
             (5, Step::Rename),
+            (2, Step::RenameDir),
             (5, Step::Unlink),
             (4, Step::Save),
             (8, Step::Read),
@@ -1199,6 +1271,7 @@ impl Sim {
                 Step::HandleFsync => self.op_handle_fsync(m)?,
                 Step::Truncate => self.op_truncate(m)?,
                 Step::Rename => self.op_rename(m)?,
+                Step::RenameDir => self.op_rename_dir(m)?,
                 Step::Unlink => self.op_unlink(m)?,
                 Step::Save => self.op_save(m)?,
                 Step::Read => self.op_read(m)?,
@@ -1544,6 +1617,96 @@ impl Sim {
             self.mounts[m].model.rename(from, to);
         }
         Ok(happened)
+    }
+
+    /// `mv d1 d2` (or back) on mount `m`: every object under the directory moves, whoever
+    /// wrote it, and the other mounts and the outside writer may be writing under either name.
+    /// A failed rename may leave some files under each name (a delete that failed may still
+    /// land, so copies are never taken back after one): each of this mount's files follows to
+    /// the new name only if it is gone from the old one and shows there.
+    fn op_rename_dir(&mut self, m: usize) -> Check<bool> {
+        let (from, to) = if self.rng.gen_bool(0.5) {
+            ("d1", "d2")
+        } else {
+            ("d2", "d1")
+        };
+        match self.lookup(m, from)? {
+            Some(Ok(a)) if a.kind == Kind::Dir => {}
+            _ => return Ok(false),
+        }
+        if self.lookup(m, to)?.is_none() {
+            return Ok(false);
+        }
+        // The rename's listing sees what is under the directory now (or less): those are the
+        // generations it may delete, as the user asked for the whole directory to move.
+        let prefix = format!("{from}/");
+        let mut mv = Moving {
+            mount: m,
+            from: prefix.clone(),
+            to: format!("{to}/"),
+            had: HashSet::new(),
+            seen: HashSet::new(),
+        };
+        for (key, generation, data) in self.store.objects() {
+            if let Some(rest) = key.strip_prefix(&prefix) {
+                mv.had.insert((rest.to_string(), digest(&data)));
+                mv.seen.insert((key, generation));
+            }
+        }
+        self.bucket.moving = Some(mv);
+        let moved: Vec<(String, String, FileId)> = self.mounts[m]
+            .model
+            .names
+            .iter()
+            .filter(|(p, _)| p.starts_with(&prefix))
+            .map(|(p, id)| (p.clone(), format!("{to}/{}", &p[prefix.len()..]), *id))
+            .collect();
+        // The rename may upload a moved file under its new name before it returns.
+        for (path, dest, _) in &moved {
+            let history = &mut self.mounts[m].model.history;
+            let old = history.get(path).cloned().unwrap_or_default();
+            history.entry(dest.clone()).or_default().extend(old);
+        }
+        self.doing(m, format!("rename directory {from} -> {to}"));
+        let r = self.run(m, |fs| async move {
+            fs.rename(ROOT_INO, from, ROOT_INO, to).await
+        });
+        self.bucket.moving = None;
+        let r = r?;
+        for (_, _, id) in &moved {
+            self.maybe(m, *id);
+        }
+        let holding: Vec<&str> = moved.iter().map(|(p, _, _)| p.as_str()).collect();
+        self.note(
+            Some(m),
+            format!(
+                "rename directory {from} -> {to} (this mount's files {holding:?}) -> {}",
+                outcome(&r)
+            ),
+        );
+        match r {
+            Ok(()) => {
+                for (path, dest, _) in &moved {
+                    self.mounts[m].model.rename(path, dest);
+                }
+            }
+            Err(_) => {
+                for (path, dest, id) in &moved {
+                    let (f, t) = (path.clone(), dest.clone());
+                    let (a, b) =
+                        self.alone(
+                            m,
+                            |fs| async move { (look(fs, &f).await, look(fs, &t).await) },
+                        )?;
+                    let current = self.mounts[m].model.file(*id).current.clone();
+                    if a == Seen::Missing && matches!(&b, Seen::File(d, _) if *d == current) {
+                        self.note(Some(m), format!("  ({path} moved nonetheless)"));
+                        self.mounts[m].model.rename(path, dest);
+                    }
+                }
+            }
+        }
+        Ok(true)
     }
 
     fn op_unlink(&mut self, m: usize) -> Check<bool> {
