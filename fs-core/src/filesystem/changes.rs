@@ -343,6 +343,13 @@ impl<S: ObjectStore> Filesystem<S> {
             }
             None => None,
         };
+        if src_local && src_meta.is_none() && !w.is_whole(&src_key).await {
+            // Some of the file's bytes are still only in the object it was opened from, and
+            // another writer replaced or removed that object: the file cannot be made whole
+            // under any name. As for a file with no local bytes, the rename fails as stale.
+            tracing::warn!(key = %src_key, "the file renamed here rests on an object another writer replaced or removed, and holds only some of its bytes; it is not moved");
+            return Err(FsError::Stale);
+        }
         // The target: the generation this mount saw there, which is all a rename may replace.
         let dst_seen = match self.file_meta(to, dst_local).await? {
             Some(Entry::Dir) => return Err(FsError::IsDir),

@@ -651,6 +651,55 @@ async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
     assert_eq!(fs.write_status().await.held_files, 1);
 }
 
+/// A file saved after a small edit keeps only the edited bytes locally; the rest are its
+/// object's. Another writer then replaces the object, and the user renames the file: what the
+/// user saw is gone from the bucket (the other writer was entitled to replace it), and the
+/// local bytes cannot make it whole. The rename fails as stale, as for a file with no local
+/// bytes, rather than leaving a file under the new name that no read can ever finish (and,
+/// after a restart, one that reads as an I/O error).
+#[tokio::test]
+async fn renaming_a_saved_file_whose_object_was_replaced_fails_as_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", vec![1u8; 100_000]);
+    let fs = machine(&store, dir.path(), "m1", Duration::ZERO);
+    let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let h = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+                process: None,
+            },
+        )
+        .await
+        .unwrap();
+    fs.write(h.fh, 10, b"edit").await.unwrap();
+    fs.flush(h.fh).await.unwrap();
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    let mut saved = vec![1u8; 100_000];
+    saved[10..14].copy_from_slice(b"edit");
+    assert_eq!(store.object_bytes("f").unwrap(), saved);
+    store.insert("f", vec![2u8; 50_000]);
+    // A truncate finds the object changed: the file is held as it was, edited bytes only.
+    assert!(fs.setattr(attr.ino, Some(2921), None, None).await.is_err());
+    let r = fs.rename(ROOT_INO, "f", ROOT_INO, "g").await;
+    assert!(matches!(r, Err(FsError::Stale)), "{r:?}");
+    assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);
+    assert!(store.object_bytes("g").is_none());
+    assert!(matches!(
+        fs.lookup(ROOT_INO, "g").await,
+        Err(FsError::NotFound)
+    ));
+    // The truncate stays held where it was made.
+    assert_eq!(fs.write_status().await.held_files, 1);
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(store.keys(), vec!["f".to_string()]);
+    assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);
+}
+
 /// On one mount, a descriptor opened for reading before another was opened for writing reads
 /// what that one wrote, appended bytes included, as on a local disk; and after the upload
 /// lands and the writer is gone, it reads the uploaded generation rather than failing.

@@ -171,6 +171,15 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
+    /// Whether the file being written at `key` holds all its bytes locally (none are left to
+    /// read from the object it was opened from).
+    pub async fn is_whole(&self, key: &str) -> bool {
+        match self.live(key) {
+            Some(s) => s.item.lock().await.work.is_complete(),
+            None => false,
+        }
+    }
+
     /// The generation this mount saw at `key`, where a file is being written: `fresh` (the
     /// bucket's object now) if the item owns it, else the object the item was opened from if
     /// it was opened at this name. None: it saw no object there.

@@ -1080,9 +1080,20 @@ impl Sim {
                     show(&predicted)
                 ),
             );
+            let held = self.mounts[m].handles.iter().any(|h| h.file == file);
             let mount = &mut self.mounts[m];
             mount.model.ack(file);
             mount.acked_ever.insert(digest(&predicted));
+            if held {
+                // Descriptors still open go on writing the user's file, which the mount now
+                // keeps apart from the name (its later saves go beside, as its conflict copy);
+                // the name is another writer's file from here on.
+                self.orphan(m, &path);
+                let mount = &mut self.mounts[m];
+                mount.model.add(&path, got, true);
+                mount.remember();
+                return Ok(());
+            }
             mount.model.set_current(file, got);
             mount.remember();
             return Ok(());
@@ -1614,7 +1625,7 @@ impl Sim {
             }
         };
         if happened && moved.is_some() {
-            self.mounts[m].model.rename(from, to);
+            self.renamed(m, from, to);
         }
         Ok(happened)
     }
@@ -1686,8 +1697,21 @@ impl Sim {
         );
         match r {
             Ok(()) => {
-                for (path, dest, _) in &moved {
-                    self.mounts[m].model.rename(path, dest);
+                for (path, dest, id) in &moved {
+                    let t = dest.clone();
+                    let shown = self.alone(m, |fs| async move { look(fs, &t).await })?;
+                    let current = self.mounts[m].model.file(*id).current.clone();
+                    if matches!(&shown, Seen::File(d, _) if *d == current) {
+                        self.renamed(m, path, dest);
+                    } else {
+                        // Another writer's object was at the new name: the file went beside it
+                        // as a conflict copy, and is owed there; the name shows theirs.
+                        self.note(
+                            Some(m),
+                            format!("  ({path} went beside {dest}, which shows {shown})"),
+                        );
+                        self.orphan(m, path);
+                    }
                 }
             }
             Err(_) => {
@@ -1701,12 +1725,26 @@ impl Sim {
                     let current = self.mounts[m].model.file(*id).current.clone();
                     if a == Seen::Missing && matches!(&b, Seen::File(d, _) if *d == current) {
                         self.note(Some(m), format!("  ({path} moved nonetheless)"));
-                        self.mounts[m].model.rename(path, dest);
+                        self.renamed(m, path, dest);
                     }
                 }
             }
         }
         Ok(true)
+    }
+
+    /// Mount `m`'s file at `from` is now at `to`. Who touched `from` follows it: a save of the
+    /// file may go beside the object at `to` as a conflict copy because another writer changed
+    /// it under its old name.
+    fn renamed(&mut self, m: usize, from: &str, to: &str) {
+        self.mounts[m].model.rename(from, to);
+        if let Some(t) = self.bucket.touched.get(from).cloned() {
+            self.bucket
+                .touched
+                .entry(to.to_string())
+                .or_default()
+                .extend(t);
+        }
     }
 
     fn op_unlink(&mut self, m: usize) -> Check<bool> {
