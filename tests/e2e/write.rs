@@ -144,8 +144,10 @@ fn mkdir_rmdir_and_rename_of_files_and_directories() -> Result<()> {
     std::fs::rename(p.join("a/top.txt"), p.join("a/renamed.txt"))?;
     assert_eq!(std::fs::read(p.join("a/renamed.txt"))?, b"top");
     assert!(!p.join("a/top.txt").exists());
-    // Directory rename, object by object. Another tool's object under it keeps its metadata
-    // and content type; each copy carries the rename's token as well.
+    // Directory rename, object by object. Each copy carries the rename's token, and another
+    // tool's object keeps its metadata and content type. (The emulator fills in what a copy's
+    // body leaves out, where GCS does not: `a_marked_copy_body_keeps_every_editable_field` in
+    // the store's unit tests checks the body itself.)
     emu.put_with_metadata("names", "a/b/tool.bin", b"tool", &[("origin", "gsutil")])?;
     let before: serde_json::Value = serde_json::from_str(&emu.metadata("names", "a/b/tool.bin")?)?;
     std::fs::rename(p.join("a/b"), p.join("moved"))?;

@@ -606,9 +606,11 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         // Every copy carries this token: after a failure, only what carries it is taken back.
         // Another mount renaming the same directory at once makes identical copies; taking
-        // one of those back could remove the only copy left once it deletes the source.
+        // one of those back could remove the only copy left once it deletes the source. The
+        // mark names its destination too, so a copy of our copy made elsewhere meanwhile (a
+        // `mv` on another mount) is not taken for ours.
         let token = format!("{}.{:016x}", w.tag(), rand::random::<u64>());
-        let mark = Some(token.as_str());
+        let mark_for = |dest: &str| format!("{token}.{:08x}", crc32c::crc32c(dest.as_bytes()));
         let mut copied: HashMap<String, ObjectMeta> = HashMap::new();
         for o in &objects {
             let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
@@ -620,13 +622,17 @@ impl<S: ObjectStore> Filesystem<S> {
                 Precondition::DoesNotExist
             };
             let mut tried = dest.clone();
-            let result = match self.copy_checked(o, &dest, pre, mark).await {
+            let result = match self
+                .copy_checked(o, &dest, pre, Some(&mark_for(&dest)))
+                .await
+            {
                 Err(FsError::Stale) => {
                     let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
                     tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
                     w.note_conflict();
                     tried = saved_as.clone();
-                    self.copy_checked(o, &saved_as, Precondition::DoesNotExist, mark)
+                    let mark = mark_for(&saved_as);
+                    self.copy_checked(o, &saved_as, Precondition::DoesNotExist, Some(&mark))
                         .await
                 }
                 other => other,
@@ -651,7 +657,7 @@ impl<S: ObjectStore> Filesystem<S> {
                     if !(target_existed && tried == marker) {
                         match self.ns.store().head(&tried).await {
                             // Ours only if it carries this rename's token.
-                            Ok(m) if is_copy_of(&m, o) && carries(&m, mark) => {
+                            Ok(m) if is_copy_of(&m, o) && carries(&m, Some(&mark_for(&tried))) => {
                                 if let Err(d) = self.delete_checked(&m).await {
                                     tracing::warn!(key = %m.key, error = %d, "could not take back a copy of a failed directory rename");
                                 }

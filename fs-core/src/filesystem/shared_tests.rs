@@ -11,7 +11,7 @@ use super::tests::{W, WT};
 use super::*;
 use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
-use crate::store::{ObjectStore, Precondition};
+use crate::store::{ObjectStore, Precondition, RENAME_KEY};
 use crate::write::upload::UploadConfig;
 
 /// Uploads wait this long after a close: "its upload waits".
@@ -224,37 +224,42 @@ async fn a_directory_rename_does_not_replace_an_unseen_object_under_the_target()
     assert!(store.object_bytes("d/f").is_none());
 }
 
-/// Two machines rename one directory at once. This mount's rename fails halfway; the other's
-/// goes on. An identical copy the other made at the target is not this rename's to take back:
-/// the other machine deletes the source next, and that copy is then the only one left.
-#[tokio::test]
-async fn a_failed_directory_rename_takes_back_only_its_own_copies() {
+/// Two machines rename directory `d` (holding `x` and `y`) to `e` at once. The other
+/// machine's rename has copied `first` when ours starts; ours then fails at the request `fail`
+/// (operation, key), and the other machine finishes (copies the rest, deletes the sources).
+/// Each file must be once at the new name, and nothing of our failed rename left behind.
+async fn race_two_directory_renames(first: &str, fail: (&'static str, &str)) {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let x = store.insert("d/x", &b"x bytes"[..]);
-    let y = store.insert("d/y", &b"y bytes"[..]);
+    let sources = [
+        store.insert("d/x", &b"x bytes"[..]),
+        store.insert("d/y", &b"y bytes"[..]),
+    ];
     let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
     assert!(matches!(
         m1.lookup(ROOT_INO, "e").await,
         Err(FsError::NotFound)
     ));
     m1.lookup(ROOT_INO, "d").await.unwrap();
-    // The other machine's rename has copied d/x so far.
-    store
-        .copy("d/x", x.generation, "e/x", Precondition::DoesNotExist, None)
-        .await
-        .unwrap();
-    // Ours fails at d/y, after meeting the other's copy of d/x.
-    store.fail_next_on("copy", "e/y");
-    assert!(m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.is_err());
-    // The other machine finishes its rename.
-    store
-        .copy("d/y", y.generation, "e/y", Precondition::DoesNotExist, None)
-        .await
-        .unwrap();
-    for (key, generation) in [("d/x", x.generation), ("d/y", y.generation)] {
+    // The other machine's copies, in two rounds: `first`, then the rest.
+    let (first, rest): (Vec<_>, Vec<_>) = sources.iter().partition(|s| s.key[2..] == *first);
+    for (round, copies) in [first, rest].into_iter().enumerate() {
+        if round == 1 {
+            store.fail_next_on(fail.0, fail.1);
+            assert!(m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.is_err());
+        }
+        for s in copies {
+            let dest = format!("e/{}", &s.key[2..]);
+            let pre = Precondition::DoesNotExist;
+            store
+                .copy(&s.key, s.generation, &dest, pre, None)
+                .await
+                .unwrap();
+        }
+    }
+    for s in &sources {
         store
-            .delete(key, Precondition::GenerationMatch(generation))
+            .delete(&s.key, Precondition::GenerationMatch(s.generation))
             .await
             .unwrap();
     }
@@ -266,6 +271,61 @@ async fn a_failed_directory_rename_takes_back_only_its_own_copies() {
         ],
         "every file once at the new name, and nothing of the failed rename left behind"
     );
+}
+
+/// Ours fails at `d/y`, after meeting the other's identical copy of `d/x`: that copy is not
+/// this rename's to take back, as the other machine deletes the source next, and the copy is
+/// then the only one left. (Ours went beside it as a conflict copy, and that is taken back.)
+#[tokio::test]
+async fn a_failed_directory_rename_takes_back_only_its_own_copies() {
+    race_two_directory_renames("x", ("copy", "e/y")).await;
+}
+
+/// Ours meets the other's copy where it fails, and the `HEAD` that would tell whose it is
+/// fails too: the failed rename checks that name again before taking anything back, and an
+/// identical object without this rename's mark is not its own.
+#[tokio::test]
+async fn a_failed_directory_rename_spares_an_identical_copy_it_could_not_check() {
+    race_two_directory_renames("y", ("head", "e/y")).await;
+}
+
+/// A directory rename whose copies land with their answers lost believes its own copies
+/// (they carry its mark): no conflict copy of itself, nothing left under the old name. And a
+/// later save of a moved file is a new version, which no longer carries the mark.
+#[tokio::test]
+async fn a_directory_rename_knows_its_own_copies_after_lost_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("d/x", &b"x bytes"[..]);
+    store.insert("d/y", &b""[..]);
+    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
+    m1.lookup(ROOT_INO, "d").await.unwrap();
+    assert!(matches!(
+        m1.lookup(ROOT_INO, "e").await,
+        Err(FsError::NotFound)
+    ));
+    store.set_retry(Some(crate::store::retry::RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(2),
+        max_elapsed: Duration::from_secs(5),
+    }));
+    store.lose_next_answers(2);
+    m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.unwrap();
+    assert_eq!(store.keys(), vec!["e/", "e/x", "e/y"]);
+    assert_eq!(store.object_bytes("e/x").unwrap(), &b"x bytes"[..]);
+    assert!(store
+        .head("e/x")
+        .await
+        .unwrap()
+        .metadata
+        .contains_key(RENAME_KEY));
+    let e = m1.lookup(ROOT_INO, "e").await.unwrap();
+    save(&m1, e.ino, "x", b"new bytes").await;
+    assert_eq!(m1.drain(false).await, 0);
+    let saved = store.head("e/x").await.unwrap();
+    assert_eq!(store.object_bytes("e/x").unwrap(), &b"new bytes"[..]);
+    assert!(!saved.metadata.contains_key(RENAME_KEY), "{saved:?}");
 }
 
 /// Two machines saving one new file at once: the object plus one conflict copy.
@@ -620,15 +680,14 @@ async fn a_close_that_could_not_fetch_its_missing_bytes_uploads_nothing() {
     assert_eq!(fs.write_status().await.held_files, 0);
 }
 
-/// Another writer replaces the object between our open and our close; our partial edit needs
-/// bytes of the generation that is gone. It is not uploaded (it would mix bytes no version
-/// had), not silently dropped: it stays staged and shows as not saved.
-#[tokio::test]
-async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
+/// Mount `m1` of a bucket holding `f` (100,000 bytes), with `f` open for writing and edited
+/// at offset 10: only the edited bytes are local. Its inode and descriptor.
+async fn small_edit_of_f(
+    store: &Arc<MemoryStore>,
+    dir: &std::path::Path,
+) -> (Filesystem<MemoryStore>, Ino, u64) {
     store.insert("f", vec![1u8; 100_000]);
-    let fs = machine(&store, dir.path(), "m1", Duration::ZERO);
+    let fs = machine(store, dir, "m1", Duration::ZERO);
     let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
     let h = fs
         .open(
@@ -642,9 +701,20 @@ async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
         .await
         .unwrap();
     fs.write(h.fh, 10, b"edit").await.unwrap();
+    (fs, attr.ino, h.fh)
+}
+
+/// Another writer replaces the object between our open and our close; our partial edit needs
+/// bytes of the generation that is gone. It is not uploaded (it would mix bytes no version
+/// had), not silently dropped: it stays staged and shows as not saved.
+#[tokio::test]
+async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let (fs, _, fh) = small_edit_of_f(&store, dir.path()).await;
     store.insert("f", vec![2u8; 50_000]);
-    assert!(fs.flush(h.fh).await.is_err());
-    fs.release(h.fh).await;
+    assert!(fs.flush(fh).await.is_err());
+    fs.release(fh).await;
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);
     assert!(conflicts_of(&store, "f").is_empty());
@@ -661,30 +731,16 @@ async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
 async fn renaming_a_saved_file_whose_object_was_replaced_fails_as_stale() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    store.insert("f", vec![1u8; 100_000]);
-    let fs = machine(&store, dir.path(), "m1", Duration::ZERO);
-    let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let h = fs
-        .open(
-            attr.ino,
-            OpenMode {
-                write: true,
-                truncate: false,
-                process: None,
-            },
-        )
-        .await
-        .unwrap();
-    fs.write(h.fh, 10, b"edit").await.unwrap();
-    fs.flush(h.fh).await.unwrap();
-    fs.release(h.fh).await;
+    let (fs, ino, fh) = small_edit_of_f(&store, dir.path()).await;
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await;
     assert_eq!(fs.drain(false).await, 0);
     let mut saved = vec![1u8; 100_000];
     saved[10..14].copy_from_slice(b"edit");
     assert_eq!(store.object_bytes("f").unwrap(), saved);
     store.insert("f", vec![2u8; 50_000]);
     // A truncate finds the object changed: the file is held as it was, edited bytes only.
-    assert!(fs.setattr(attr.ino, Some(2921), None, None).await.is_err());
+    assert!(fs.setattr(ino, Some(2921), None, None).await.is_err());
     let r = fs.rename(ROOT_INO, "f", ROOT_INO, "g").await;
     assert!(matches!(r, Err(FsError::Stale)), "{r:?}");
     assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);

@@ -492,16 +492,22 @@ fn to_meta(o: Object) -> ObjectMeta {
     }
 }
 
+/// GCS's limit on an object's custom metadata, keys and values together.
+const CUSTOM_METADATA_LIMIT: usize = 8 * 1024;
+
 impl GcsStore {
-    /// The body of a marked copy: a copy request with a body takes every editable field from
-    /// the body alone (none from the source), so each of them is read from the source
-    /// generation first and sent back, the custom metadata with the mark added.
+    /// The body of a marked copy, and the source's metageneration it was read from: a copy
+    /// request with a body takes every editable field from the body alone (none from the
+    /// source), so each of them is read from the source generation first and sent back, the
+    /// custom metadata with the mark added. `None`: the source's custom metadata leaves no room
+    /// for the mark, and the copy goes without it (it is then never believed after a lost
+    /// answer, nor taken back).
     async fn marked_resource(
         &self,
         src: &str,
         generation: i64,
         token: &str,
-    ) -> StoreResult<Object> {
+    ) -> StoreResult<Option<(Object, i64)>> {
         let req = GetObjectRequest {
             bucket: self.bucket.clone(),
             object: src.to_string(),
@@ -513,19 +519,33 @@ impl GcsStore {
                 self.client.get_object(&req).await.map_err(classify)
             })
             .await?;
-        let mut metadata = o.metadata.unwrap_or_default();
-        metadata.insert(super::RENAME_KEY.to_string(), token.to_string());
-        Ok(Object {
-            content_type: o.content_type,
-            content_encoding: o.content_encoding,
-            content_disposition: o.content_disposition,
-            content_language: o.content_language,
-            cache_control: o.cache_control,
-            custom_time: o.custom_time,
-            metadata: Some(metadata),
-            ..Default::default()
-        })
+        let metageneration = o.metageneration;
+        let body = marked_body(o, token);
+        if body.is_none() {
+            tracing::warn!(key = %src, "no room for a rename's mark in the object's metadata; copied without it");
+        }
+        Ok(body.map(|b| (b, metageneration)))
     }
+}
+
+/// The copy body that keeps every editable field of the source `o` and adds the mark `token`
+/// to its custom metadata; `None` if that would pass GCS's limit on custom metadata.
+fn marked_body(o: Object, token: &str) -> Option<Object> {
+    let mut metadata = o.metadata.unwrap_or_default();
+    metadata.insert(super::RENAME_KEY.to_string(), token.to_string());
+    let size: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (size <= CUSTOM_METADATA_LIMIT).then(|| Object {
+        content_type: o.content_type,
+        content_encoding: o.content_encoding,
+        content_disposition: o.content_disposition,
+        content_language: o.content_language,
+        cache_control: o.cache_control,
+        custom_time: o.custom_time,
+        temporary_hold: o.temporary_hold,
+        event_based_hold: o.event_based_hold,
+        metadata: Some(metadata),
+        ..Default::default()
+    })
 }
 
 #[async_trait::async_trait]
@@ -718,28 +738,49 @@ impl ObjectStore for GcsStore {
         pre: Precondition,
         mark: Option<&str>,
     ) -> StoreResult<ObjectMeta> {
-        let metadata = match mark {
-            None => None,
-            Some(token) => Some(self.marked_resource(src, src_generation, token).await?),
-        };
-        let req = CopyObjectRequest {
-            source_bucket: self.bucket.clone(),
-            source_object: src.to_string(),
-            destination_bucket: self.bucket.clone(),
-            destination_object: dest.to_string(),
-            if_generation_match: pre.if_generation_match(),
-            if_source_generation_match: Some(src_generation),
-            metadata,
-            ..Default::default()
-        };
-        self.call("copy", dest, || async {
-            self.client
-                .copy_object(&req)
-                .await
-                .map(to_meta)
-                .map_err(classify)
-        })
-        .await
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let marked = match mark {
+                None => None,
+                Some(token) => self.marked_resource(src, src_generation, token).await?,
+            };
+            // The body was read from one metageneration of the source: a metadata change
+            // landing before the copy must not be undone by it.
+            let read_at = marked.as_ref().map(|(_, mg)| *mg);
+            let req = CopyObjectRequest {
+                source_bucket: self.bucket.clone(),
+                source_object: src.to_string(),
+                destination_bucket: self.bucket.clone(),
+                destination_object: dest.to_string(),
+                if_generation_match: pre.if_generation_match(),
+                if_source_generation_match: Some(src_generation),
+                if_source_metageneration_match: read_at,
+                metadata: marked.map(|(body, _)| body),
+                ..Default::default()
+            };
+            let result = self
+                .call("copy", dest, || async {
+                    self.client
+                        .copy_object(&req)
+                        .await
+                        .map(to_meta)
+                        .map_err(classify)
+                })
+                .await;
+            match (result, read_at) {
+                // A 412 for the source's metadata, not for the destination: read it again.
+                (Err(e), Some(mg)) if e.kind == StoreErrorKind::PreconditionFailed && tries < 3 => {
+                    match self.head(src).await {
+                        Ok(now) if now.generation == src_generation && now.metageneration != mg => {
+                            continue
+                        }
+                        _ => return Err(e),
+                    }
+                }
+                (result, _) => return result,
+            }
+        }
     }
 
     async fn update_metadata(
@@ -805,6 +846,55 @@ impl ObjectStore for GcsStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+
+    /// On GCS a copy with a body takes every editable field from the body alone (the emulator
+    /// fills in what the body leaves out, so only this test can tell): the body carries each
+    /// one of the source's, and the mark beside its custom metadata.
+    #[test]
+    fn a_marked_copy_body_keeps_every_editable_field() {
+        let at = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let src = Object {
+            name: "d/x".into(),
+            generation: 7,
+            metageneration: 3,
+            size: 10,
+            content_type: Some("text/html".into()),
+            content_encoding: Some("gzip".into()),
+            content_disposition: Some("attachment".into()),
+            content_language: Some("fr".into()),
+            cache_control: Some("no-cache".into()),
+            custom_time: Some(at),
+            temporary_hold: Some(true),
+            event_based_hold: Some(false),
+            metadata: Some(HashMap::from([("origin".into(), "gsutil".into())])),
+            ..Default::default()
+        };
+        let body = marked_body(src.clone(), "tok").unwrap();
+        assert_eq!(body.content_type, src.content_type);
+        assert_eq!(body.content_encoding, src.content_encoding);
+        assert_eq!(body.content_disposition, src.content_disposition);
+        assert_eq!(body.content_language, src.content_language);
+        assert_eq!(body.cache_control, src.cache_control);
+        assert_eq!(body.custom_time, src.custom_time);
+        assert_eq!(body.temporary_hold, src.temporary_hold);
+        assert_eq!(body.event_based_hold, src.event_based_hold);
+        let meta = body.metadata.unwrap();
+        assert_eq!(meta.get("origin").map(String::as_str), Some("gsutil"));
+        assert_eq!(
+            meta.get(super::super::RENAME_KEY).map(String::as_str),
+            Some("tok")
+        );
+        assert_eq!(meta.len(), 2);
+        // Nothing but editable fields: the name, generation and size come from the request.
+        assert!(body.name.is_empty() && body.generation == 0 && body.size == 0);
+        // No room for the mark: no body, the copy keeps the source's metadata as it is.
+        let full = Object {
+            metadata: Some(HashMap::from([("big".into(), "v".repeat(8 * 1024 - 10))])),
+            ..Default::default()
+        };
+        assert!(marked_body(full, "tok").is_none());
+    }
 
     fn resolve(
         endpoint: Option<&str>,

@@ -396,7 +396,8 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// Server-side copy of generation `src_generation` of `src` to `dest`. With `mark`, the
     /// copy also carries [`RENAME_KEY`] with that value, set in the same request as its bytes
     /// (everything else of the source's is kept): a `HEAD` of `dest` after a lost answer then
-    /// tells this request's copy from an identical one another writer made.
+    /// tells this request's copy from an identical one another writer made. A source whose
+    /// custom metadata has no room left for it (GCS allows 8 KiB) is copied without it.
     async fn copy(
         &self,
         src: &str,

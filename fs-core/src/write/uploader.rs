@@ -24,7 +24,7 @@ use super::journal::UploadState;
 use super::upload::{upload, Outcome, UploadJob, UploadSource};
 use super::writeback::{content_type, WriteBack};
 use crate::store::{
-    mtime_metadata, ObjectStore, Precondition, StoreErrorKind, WriteOptions, WRITER_KEY,
+    mtime_metadata, ObjectStore, Precondition, StoreErrorKind, WriteOptions, RENAME_KEY, WRITER_KEY,
 };
 
 /// What one pass of the loop decided.
@@ -115,6 +115,8 @@ impl<S: ObjectStore> WriteBack<S> {
         // An empty file names the mount that wrote it: every empty object has its CRC32C and
         // size, so only this tells our own landed write from another machine's (I4, I12).
         opts.metadata.remove(WRITER_KEY);
+        // A directory rename's token proved one copy ours; a new version is not that copy.
+        opts.metadata.remove(RENAME_KEY);
         if v.size == 0 {
             opts.metadata
                 .insert(WRITER_KEY.to_string(), self.dir.tag().to_string());
