@@ -343,13 +343,6 @@ impl<S: ObjectStore> Filesystem<S> {
             }
             None => None,
         };
-        if src_local && src_meta.is_none() && !w.is_whole(&src_key).await {
-            // Some of the file's bytes are still only in the object it was opened from, and
-            // another writer replaced or removed that object: the file cannot be made whole
-            // under any name. As for a file with no local bytes, the rename fails as stale.
-            tracing::warn!(key = %src_key, "the file renamed here rests on an object another writer replaced or removed, and holds only some of its bytes; it is not moved");
-            return Err(FsError::Stale);
-        }
         // The target: the generation this mount saw there, which is all a rename may replace.
         let dst_seen = match self.file_meta(to, dst_local).await? {
             Some(Entry::Dir) => return Err(FsError::IsDir),
@@ -374,6 +367,14 @@ impl<S: ObjectStore> Filesystem<S> {
             if let Err(e) = w.commit(&item).await {
                 tracing::warn!(key = %src_key, error = %e, "could not save the file before renaming it; its unsaved changes follow it");
             }
+        }
+        if src_local && src_meta.is_none() && !w.is_whole(&src_key).await {
+            // Some of the file's bytes are still only in the object it was opened from, and
+            // another writer replaced or removed that object (the commit above could not read
+            // them back either): the file cannot be made whole under any name. As for a file
+            // with no local bytes, the rename fails as stale.
+            tracing::warn!(key = %src_key, "the file renamed here rests on an object another writer replaced or removed, and holds only some of its bytes; it is not moved");
+            return Err(FsError::Stale);
         }
         // A source with a version still to upload: the bucket's object under the old name is
         // an older version of ours, not what the file holds. Its copy would only stand at the
@@ -602,6 +603,22 @@ impl<S: ObjectStore> Filesystem<S> {
             token = page.next_page_token;
             if token.is_none() {
                 break;
+            }
+        }
+        // A file being written under the directory that holds only some of its bytes must find
+        // the rest in its own object, listed here; if another writer replaced or removed that
+        // object, it could never be read whole under the new name (as for a file rename).
+        for (key, _) in w.local_under(&src_prefix) {
+            if w.is_whole(&key).await {
+                continue;
+            }
+            let mut based = false;
+            for o in objects.iter().filter(|o| o.key == key) {
+                based |= w.owns(&key, o).await;
+            }
+            if !based {
+                tracing::warn!(key = %key, "a file under the directory renamed here rests on an object another writer replaced or removed, and holds only some of its bytes; nothing is moved");
+                return Err(FsError::Stale);
             }
         }
         // Every copy carries this token: after a failure, only what carries it is taken back.

@@ -139,6 +139,11 @@ async fn an_editor_save_over_an_unseen_version_keeps_both() {
     assert_eq!(store.object_bytes("doc").unwrap(), &b"two"[..]);
     assert_eq!(conflicts_of(&store, "doc"), vec![b"one, saved".to_vec()]);
     assert!(store.object_bytes("doc.tmp").is_none());
+    // The name shows the other writer's file, which stayed there.
+    let attr = m1.lookup(ROOT_INO, "doc").await.unwrap();
+    let h = m1.open(attr.ino, OpenMode::default()).await.unwrap();
+    assert_eq!(&m1.read(h.fh, 0, 100).await.unwrap()[..], b"two");
+    m1.release(h.fh).await;
 }
 
 /// The same save when both machine 1's files were already uploaded, and its view of `doc` is
@@ -161,6 +166,30 @@ async fn a_rename_copy_over_an_unseen_version_goes_beside_it() {
     assert_eq!(store.object_bytes("doc").unwrap(), &b"two"[..]);
     assert_eq!(conflicts_of(&store, "doc"), vec![b"one, saved".to_vec()]);
     assert!(store.object_bytes("doc.tmp").is_none());
+}
+
+/// As above, with a held edit of this mount's at the target (its close found the object
+/// replaced): the rename replaces that edit, as a rename over a file does, the renamed file
+/// goes beside the other writer's object, and the name shows that object.
+#[tokio::test]
+async fn a_rename_over_a_held_edit_of_a_replaced_object_shows_the_other_writers_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let (m1, _, fh) = small_edit(&store, dir.path(), "doc").await;
+    store.insert("doc", &b"two"[..]);
+    assert!(m1.flush(fh).await.is_err());
+    m1.release(fh).await;
+    save(&m1, ROOT_INO, "doc.tmp", b"one, saved").await;
+    m1.rename(ROOT_INO, "doc.tmp", ROOT_INO, "doc")
+        .await
+        .unwrap();
+    assert_eq!(m1.drain(false).await, 0);
+    assert_eq!(store.object_bytes("doc").unwrap(), &b"two"[..]);
+    assert_eq!(conflicts_of(&store, "doc"), vec![b"one, saved".to_vec()]);
+    let attr = m1.lookup(ROOT_INO, "doc").await.unwrap();
+    let h = m1.open(attr.ino, OpenMode::default()).await.unwrap();
+    assert_eq!(&m1.read(h.fh, 0, 100).await.unwrap()[..], b"two");
+    m1.release(h.fh).await;
 }
 
 /// A staged file renamed away from a name where another writer's object landed meanwhile:
@@ -680,15 +709,21 @@ async fn a_close_that_could_not_fetch_its_missing_bytes_uploads_nothing() {
     assert_eq!(fs.write_status().await.held_files, 0);
 }
 
-/// Mount `m1` of a bucket holding `f` (100,000 bytes), with `f` open for writing and edited
-/// at offset 10: only the edited bytes are local. Its inode and descriptor.
-async fn small_edit_of_f(
+/// Mount `m1` of a bucket holding `path` (100,000 bytes), with the file open for writing and
+/// edited at offset 10: only the edited bytes are local. Its inode and descriptor.
+async fn small_edit(
     store: &Arc<MemoryStore>,
     dir: &std::path::Path,
+    path: &str,
 ) -> (Filesystem<MemoryStore>, Ino, u64) {
-    store.insert("f", vec![1u8; 100_000]);
+    store.insert(path, vec![1u8; 100_000]);
     let fs = machine(store, dir, "m1", Duration::ZERO);
-    let attr = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let mut parent = ROOT_INO;
+    let (dirs, name) = path.rsplit_once('/').unwrap_or(("", path));
+    for d in dirs.split('/').filter(|d| !d.is_empty()) {
+        parent = fs.lookup(parent, d).await.unwrap().ino;
+    }
+    let attr = fs.lookup(parent, name).await.unwrap();
     let h = fs
         .open(
             attr.ino,
@@ -711,7 +746,7 @@ async fn small_edit_of_f(
 async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let (fs, _, fh) = small_edit_of_f(&store, dir.path()).await;
+    let (fs, _, fh) = small_edit(&store, dir.path(), "f").await;
     store.insert("f", vec![2u8; 50_000]);
     assert!(fs.flush(fh).await.is_err());
     fs.release(fh).await;
@@ -721,39 +756,46 @@ async fn a_partial_edit_of_a_replaced_object_is_held_not_dropped() {
     assert_eq!(fs.write_status().await.held_files, 1);
 }
 
-/// A file saved after a small edit keeps only the edited bytes locally; the rest are its
-/// object's. Another writer then replaces the object, and the user renames the file: what the
-/// user saw is gone from the bucket (the other writer was entitled to replace it), and the
-/// local bytes cannot make it whole. The rename fails as stale, as for a file with no local
-/// bytes, rather than leaving a file under the new name that no read can ever finish (and,
-/// after a restart, one that reads as an I/O error).
-#[tokio::test]
-async fn renaming_a_saved_file_whose_object_was_replaced_fails_as_stale() {
+/// A small edit of `path` is saved (only the edited bytes stay local; the rest are its
+/// object's), another writer replaces the object, and a truncate finds it changed: the file is
+/// held as it was. What the user saw is gone from the bucket (the other writer was entitled to
+/// replace it), and the local bytes cannot make it whole. Then `from` is renamed to `to`: the
+/// rename fails as stale, as for a file with no local bytes, rather than leaving a file under
+/// the new name that no read can ever finish (and, after a restart, one that reads as an I/O
+/// error). Nothing moves; the bucket keeps the other writer's object.
+async fn rename_over_a_replaced_partial_file(path: &str, from: &str, to: &str) {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let (fs, ino, fh) = small_edit_of_f(&store, dir.path()).await;
+    let (fs, ino, fh) = small_edit(&store, dir.path(), path).await;
     fs.flush(fh).await.unwrap();
     fs.release(fh).await;
     assert_eq!(fs.drain(false).await, 0);
     let mut saved = vec![1u8; 100_000];
     saved[10..14].copy_from_slice(b"edit");
-    assert_eq!(store.object_bytes("f").unwrap(), saved);
-    store.insert("f", vec![2u8; 50_000]);
-    // A truncate finds the object changed: the file is held as it was, edited bytes only.
+    assert_eq!(store.object_bytes(path).unwrap(), saved);
+    store.insert(path, vec![2u8; 50_000]);
     assert!(fs.setattr(ino, Some(2921), None, None).await.is_err());
-    let r = fs.rename(ROOT_INO, "f", ROOT_INO, "g").await;
+    let r = fs.rename(ROOT_INO, from, ROOT_INO, to).await;
     assert!(matches!(r, Err(FsError::Stale)), "{r:?}");
-    assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);
-    assert!(store.object_bytes("g").is_none());
     assert!(matches!(
-        fs.lookup(ROOT_INO, "g").await,
+        fs.lookup(ROOT_INO, to).await,
         Err(FsError::NotFound)
     ));
     // The truncate stays held where it was made.
     assert_eq!(fs.write_status().await.held_files, 1);
     assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(store.keys(), vec!["f".to_string()]);
-    assert_eq!(store.object_bytes("f").unwrap(), vec![2u8; 50_000]);
+    assert_eq!(store.keys(), vec![path.to_string()]);
+    assert_eq!(store.object_bytes(path).unwrap(), vec![2u8; 50_000]);
+}
+
+#[tokio::test]
+async fn renaming_a_partial_file_whose_object_was_replaced_fails_as_stale() {
+    rename_over_a_replaced_partial_file("f", "f", "g").await;
+}
+
+#[tokio::test]
+async fn renaming_the_directory_of_a_partial_file_whose_object_was_replaced_fails_as_stale() {
+    rename_over_a_replaced_partial_file("d/f", "d", "e").await;
 }
 
 /// On one mount, a descriptor opened for reading before another was opened for writing reads

@@ -768,17 +768,35 @@ impl ObjectStore for GcsStore {
                         .map_err(classify)
                 })
                 .await;
-            match (result, read_at) {
-                // A 412 for the source's metadata, not for the destination: read it again.
-                (Err(e), Some(mg)) if e.kind == StoreErrorKind::PreconditionFailed && tries < 3 => {
-                    match self.head(src).await {
-                        Ok(now) if now.generation == src_generation && now.metageneration != mg => {
-                            continue
-                        }
-                        _ => return Err(e),
-                    }
+            let e = match result {
+                Err(e) if e.kind == StoreErrorKind::PreconditionFailed => e,
+                other => return other,
+            };
+            // A 412 answers for the source's preconditions as well as the destination's; only
+            // the destination's may reach the caller as one (it means another writer's object
+            // is there). The source is asked which it was.
+            let now = match self.head(src).await {
+                Ok(now) => now,
+                Err(h) if h.kind == StoreErrorKind::NotFound => {
+                    return Err(StoreError::not_found(src));
                 }
-                (result, _) => return result,
+                Err(h) => return Err(h),
+            };
+            if now.generation != src_generation {
+                // Replaced since it was listed: the generation to copy is gone, as GCS answers
+                // a read of it.
+                return Err(StoreError::not_found(src));
+            }
+            match read_at {
+                // Its metadata changed between our read and the copy: read it again.
+                Some(mg) if now.metageneration != mg && tries < 3 => continue,
+                Some(mg) if now.metageneration != mg => {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Transient,
+                        format!("the metadata of {src} kept changing during a copy"),
+                    ));
+                }
+                _ => return Err(e),
             }
         }
     }

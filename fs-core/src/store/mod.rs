@@ -398,6 +398,8 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// (everything else of the source's is kept): a `HEAD` of `dest` after a lost answer then
     /// tells this request's copy from an identical one another writer made. A source whose
     /// custom metadata has no room left for it (GCS allows 8 KiB) is copied without it.
+    /// `PreconditionFailed` is only ever `pre` failing at `dest`; a source generation that is
+    /// gone is `NotFound`.
     async fn copy(
         &self,
         src: &str,

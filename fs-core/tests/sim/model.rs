@@ -201,7 +201,7 @@ impl Model {
     }
 
     /// The file at `path` is gone (unlinked, or replaced by a rename).
-    fn detach(&mut self, path: &str) {
+    pub fn detach(&mut self, path: &str) {
         if let Some(id) = self.names.remove(path) {
             self.files.get_mut(&id).unwrap().path = None;
         }

@@ -1624,8 +1624,8 @@ impl Sim {
                 happened
             }
         };
-        if happened && moved.is_some() {
-            self.renamed(m, from, to);
+        if let Some(id) = moved.filter(|_| happened) {
+            self.moved_to(m, id, from, to)?;
         }
         Ok(happened)
     }
@@ -1698,20 +1698,7 @@ impl Sim {
         match r {
             Ok(()) => {
                 for (path, dest, id) in &moved {
-                    let t = dest.clone();
-                    let shown = self.alone(m, |fs| async move { look(fs, &t).await })?;
-                    let current = self.mounts[m].model.file(*id).current.clone();
-                    if matches!(&shown, Seen::File(d, _) if *d == current) {
-                        self.renamed(m, path, dest);
-                    } else {
-                        // Another writer's object was at the new name: the file went beside it
-                        // as a conflict copy, and is owed there; the name shows theirs.
-                        self.note(
-                            Some(m),
-                            format!("  ({path} went beside {dest}, which shows {shown})"),
-                        );
-                        self.orphan(m, path);
-                    }
+                    self.moved_to(m, *id, path, dest)?;
                 }
             }
             Err(_) => {
@@ -1731,6 +1718,57 @@ impl Sim {
             }
         }
         Ok(true)
+    }
+
+    /// A rename of mount `m`'s file `id` from `from` to `to` succeeded. Where another writer's
+    /// object was at `to`, unseen, the file went beside it as a conflict copy and is owed
+    /// there, and the name shows theirs; else the file is at `to`.
+    fn moved_to(&mut self, m: usize, id: FileId, from: &str, to: &str) -> Check {
+        let t = to.to_string();
+        let shown = self.alone(m, |fs| async move { look(fs, &t).await })?;
+        let current = self.mounts[m].model.file(id).current.clone();
+        // Bytes another party wrote first (a rename copy of them is still theirs).
+        let theirs = |d: &[u8]| {
+            self.bucket
+                .author
+                .get(&digest(d))
+                .is_some_and(|p| *p != Party::Mount(m))
+        };
+        // Another writer removed what this mount saw at `to`: the rename treats that as a
+        // conflict too, and the name stays empty.
+        let removed = matches!(shown, Seen::Missing)
+            && self
+                .bucket
+                .touched
+                .get(to)
+                .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)));
+        match &shown {
+            Seen::File(d, _) if *d == current => self.renamed(m, from, to),
+            Seen::File(d, _) if theirs(d) => self.went_beside(m, from, to, &shown),
+            Seen::Missing if removed => self.went_beside(m, from, to, &shown),
+            _ => {
+                return Err(violation(
+                    "VIEW",
+                    "a renamed file shows neither itself nor another writer's file",
+                    format!(
+                        "mount {m}: after renaming {from} ({}) to {to}, {to} shows {shown}",
+                        show(&current)
+                    ),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// A rename of mount `m`'s file from `from` to `to` went beside what another writer left
+    /// at `to` (the user's file there, if any, is replaced all the same, as a rename over it).
+    fn went_beside(&mut self, m: usize, from: &str, to: &str, shown: &Seen) {
+        self.note(
+            Some(m),
+            format!("  ({from} went beside {to}, which shows {shown})"),
+        );
+        self.orphan(m, from);
+        self.mounts[m].model.detach(to);
     }
 
     /// Mount `m`'s file at `from` is now at `to`. Who touched `from` follows it: a save of the
