@@ -1648,9 +1648,21 @@ impl Sim {
         if self.lookup(m, to)?.is_none() {
             return Ok(false);
         }
+        let prefix = format!("{from}/");
+        // The kernel knows the files it shows; one already gone from the view (its save went
+        // beside another writer's change, say) is not moved with the directory.
+        let shown: Vec<String> = self.mounts[m]
+            .model
+            .names
+            .keys()
+            .filter(|p| p.starts_with(&prefix))
+            .cloned()
+            .collect();
+        for p in &shown {
+            self.file_ino(m, p)?;
+        }
         // The rename's listing sees what is under the directory now (or less): those are the
         // generations it may delete, as the user asked for the whole directory to move.
-        let prefix = format!("{from}/");
         let mut mv = Moving {
             mount: m,
             from: prefix.clone(),
@@ -1727,24 +1739,29 @@ impl Sim {
         let t = to.to_string();
         let shown = self.alone(m, |fs| async move { look(fs, &t).await })?;
         let current = self.mounts[m].model.file(id).current.clone();
-        // Bytes another party wrote first (a rename copy of them is still theirs).
-        let theirs = |d: &[u8]| {
+        // A generation another party made, or bytes another party wrote first (this mount's
+        // rename copy of them is still theirs).
+        let theirs = |d: &[u8], g: &i64| {
+            let other = |p: &Party| *p != Party::Mount(m);
             self.bucket
-                .author
-                .get(&digest(d))
-                .is_some_and(|p| *p != Party::Mount(m))
+                .gens
+                .get(&(to.to_string(), *g))
+                .is_some_and(|gen| other(&gen.owner))
+                || self.bucket.author.get(&digest(d)).is_some_and(other)
         };
-        // Another writer removed what this mount saw at `to`: the rename treats that as a
-        // conflict too, and the name stays empty.
-        let removed = matches!(shown, Seen::Missing)
-            && self
-                .bucket
+        // Another writer removed what this mount saw at `to` (the rename treats that as a
+        // conflict too, and the name stays empty), or removed the file at `from` since the
+        // mount last looked (its stat cache still showed it; nothing was there to move).
+        let by_others = |name: &str| {
+            self.bucket
                 .touched
-                .get(to)
-                .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)));
+                .get(name)
+                .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)))
+        };
+        let removed = matches!(shown, Seen::Missing) && (by_others(to) || by_others(from));
         match &shown {
             Seen::File(d, _) if *d == current => self.renamed(m, from, to),
-            Seen::File(d, _) if theirs(d) => self.went_beside(m, from, to, &shown),
+            Seen::File(d, g) if theirs(d, g) => self.went_beside(m, from, to, &shown),
             Seen::Missing if removed => self.went_beside(m, from, to, &shown),
             _ => {
                 return Err(violation(
