@@ -39,9 +39,9 @@ put() {  # KEY
   curl -sf -X POST "$EMU_URL/upload/storage/v1/b/bench/o?uploadType=media&name=$1" \
     --data-binary @"$WORK/obj" > /dev/null
 }
-keys() {  # PREFIX: the object names under it, one per line
+keys() {  # PREFIX: the names of the files under it (directory markers left out), one per line
   curl -sf "$EMU_URL/storage/v1/b/bench/o?prefix=$1&maxResults=5000" |
-    python3 -c 'import json,sys; [print(o["name"]) for o in json.load(sys.stdin).get("items", [])]'
+    python3 -c 'import json,sys; [print(o["name"]) for o in json.load(sys.stdin).get("items", []) if not o["name"].endswith("/")]'
 }
 
 one() {  # BUILD RUN

@@ -17,10 +17,12 @@
 //! another machine's (I12).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use futures::StreamExt;
 
 use super::Filesystem;
 use crate::error::{FsError, FsResult};
@@ -628,79 +630,115 @@ impl<S: ObjectStore> Filesystem<S> {
         // `mv` on another mount) is not taken for ours.
         let token = format!("{}.{:016x}", w.tag(), rand::random::<u64>());
         let mark_for = |dest: &str| format!("{token}.{:08x}", crc32c::crc32c(dest.as_bytes()));
+        // The copies go RENAME_PARALLEL at a time: each waits a round trip or two, and they do
+        // not depend on each other. After a failure no new copy starts.
+        let stop = AtomicBool::new(false);
+        // The futures are made first: a stream that maps with a closure over borrowed objects
+        // is not `Send` for every lifetime, as the adapters' spawned tasks need.
+        let copies: Vec<_> = objects
+            .iter()
+            .map(|o| {
+                    let (stop, mark_for) = (&stop, &mark_for);
+                    let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
+                    // The target was empty or absent: anything under it now is another
+                    // writer's, never seen here, and is not replaced (I8). Only the marker of
+                    // an empty target may be.
+                    let pre = if target_existed && dest == dst_prefix {
+                        Precondition::None
+                    } else {
+                        Precondition::DoesNotExist
+                    };
+                    async move {
+                        if stop.load(Ordering::Relaxed) {
+                            return (o, dest, None);
+                        }
+                        let mut tried = dest.clone();
+                        let result = match self
+                            .copy_checked(o, &dest, pre, Some(&mark_for(&dest)))
+                            .await
+                        {
+                            Err(FsError::Stale) => {
+                                let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
+                                tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
+                                w.note_conflict();
+                                tried = saved_as.clone();
+                                let mark = mark_for(&saved_as);
+                                self.copy_checked(o, &saved_as, Precondition::DoesNotExist, Some(&mark))
+                                    .await
+                            }
+                            other => other,
+                        };
+                        if result.is_err() {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        (o, tried, Some(result))
+                    }
+                })
+                .collect();
+        let attempts: Vec<(&ObjectMeta, String, Option<FsResult<ObjectMeta>>)> =
+            futures::stream::iter(copies)
+                .buffer_unordered(RENAME_PARALLEL)
+                .collect()
+                .await;
         let mut copied: HashMap<String, ObjectMeta> = HashMap::new();
-        for o in &objects {
-            let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
-            // The target was empty or absent: anything under it now is another writer's, never
-            // seen here, and is not replaced (I8). Only the marker of an empty target may be.
-            let pre = if target_existed && dest == dst_prefix {
-                Precondition::None
-            } else {
-                Precondition::DoesNotExist
-            };
-            let mut tried = dest.clone();
-            let result = match self
-                .copy_checked(o, &dest, pre, Some(&mark_for(&dest)))
-                .await
-            {
-                Err(FsError::Stale) => {
-                    let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
-                    tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
-                    w.note_conflict();
-                    tried = saved_as.clone();
-                    let mark = mark_for(&saved_as);
-                    self.copy_checked(o, &saved_as, Precondition::DoesNotExist, Some(&mark))
-                        .await
-                }
-                other => other,
-            };
+        let mut failed = Vec::new();
+        for (o, tried, result) in attempts {
             match result {
-                Ok(meta) => {
+                Some(Ok(meta)) => {
                     copied.insert(o.key.clone(), meta);
                 }
-                Err(e) => {
-                    // Nothing is deleted yet: take the copies back, so a failed rename leaves
-                    // the directory where it was (what cannot be taken back is logged).
-                    let marker = dst_prefix.as_str();
-                    for meta in copied
-                        .values()
-                        .filter(|m| !(target_existed && m.key == marker))
-                    {
-                        if let Err(d) = self.delete_checked(meta).await {
-                            tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
-                        }
-                    }
-                    // The copy that failed may have landed with only its answer lost.
-                    if !(target_existed && tried == marker) {
-                        match self.ns.store().head(&tried).await {
-                            // Ours only if it carries this rename's token.
-                            Ok(m) if is_copy_of(&m, o) && carries(&m, Some(&mark_for(&tried))) => {
-                                if let Err(d) = self.delete_checked(&m).await {
-                                    tracing::warn!(key = %m.key, error = %d, "could not take back a copy of a failed directory rename");
-                                }
-                            }
-                            Ok(_) => {}
-                            Err(h) if h.kind == StoreErrorKind::NotFound => {}
-                            Err(h) => {
-                                tracing::warn!(key = %tried, error = %h, "could not tell whether a copy of a failed directory rename landed");
-                            }
-                        }
-                    }
-                    self.ns.forget_outcome(to);
-                    return Err(e);
-                }
+                Some(Err(e)) => failed.push((o, tried, e)),
+                None => {}
             }
         }
-        for o in &objects {
-            if let Err(e) = self.delete_checked(o).await {
-                // Past the point of no return: some objects are under each name. A delete that
-                // failed is never followed by taking the copies back: it may still land (a
-                // request timed out on our side can run on the server later), and then the
-                // copies would be all that is left.
-                self.ns.forget_outcome(from);
-                self.ns.forget_outcome(to);
-                return Err(e);
+        if !failed.is_empty() {
+            // Nothing is deleted yet: take the copies back, so a failed rename leaves the
+            // directory where it was (what cannot be taken back is logged).
+            let marker = dst_prefix.as_str();
+            for meta in copied
+                .values()
+                .filter(|m| !(target_existed && m.key == marker))
+            {
+                if let Err(d) = self.delete_checked(meta).await {
+                    tracing::warn!(key = %meta.key, error = %d, "could not take back a copy of a failed directory rename");
+                }
             }
+            // A copy that failed may have landed with only its answer lost.
+            for (o, tried, _) in failed
+                .iter()
+                .filter(|(_, t, _)| !(target_existed && t == marker))
+            {
+                match self.ns.store().head(tried).await {
+                    // Ours only if it carries this rename's token.
+                    Ok(m) if is_copy_of(&m, o) && carries(&m, Some(&mark_for(tried))) => {
+                        if let Err(d) = self.delete_checked(&m).await {
+                            tracing::warn!(key = %m.key, error = %d, "could not take back a copy of a failed directory rename");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(h) if h.kind == StoreErrorKind::NotFound => {}
+                    Err(h) => {
+                        tracing::warn!(key = %tried, error = %h, "could not tell whether a copy of a failed directory rename landed");
+                    }
+                }
+            }
+            self.ns.forget_outcome(to);
+            let (_, _, e) = failed.swap_remove(0);
+            return Err(e);
+        }
+        let deletes: Vec<_> = objects.iter().map(|o| self.delete_checked(o)).collect();
+        let deleted: Vec<FsResult<bool>> = futures::stream::iter(deletes)
+            .buffer_unordered(RENAME_PARALLEL)
+            .collect()
+            .await;
+        if let Some(e) = deleted.into_iter().find_map(Result::err) {
+            // Past the point of no return: some objects are under each name. A delete that
+            // failed is never followed by taking the copies back: it may still land (a request
+            // timed out on our side can run on the server later), and then the copies would be
+            // all that is left.
+            self.ns.forget_outcome(from);
+            self.ns.forget_outcome(to);
+            return Err(e);
         }
         for meta in copied.values() {
             self.ns.note_own(meta);
@@ -803,6 +841,9 @@ fn stale_or(err: crate::store::StoreError) -> FsError {
         err.into()
     }
 }
+
+/// How many of a directory rename's copies (and then deletes) are in flight at once.
+const RENAME_PARALLEL: usize = 8;
 
 /// Whether `m` carries the token `mark` of a directory rename (true when there is none).
 fn carries(m: &ObjectMeta, mark: Option<&str>) -> bool {
