@@ -32,6 +32,7 @@ use crate::store::{
     WriteOptions, RENAME_KEY, SYMLINK_KEY, WRITER_KEY,
 };
 use crate::write::upload::conflict_key;
+use crate::write::writeback::WriteBack;
 
 /// Whether `key`, a child of a delimited listing of `prefix` (an object, or a prefix ending in
 /// `/`), is a name this system can show in that directory.
@@ -559,6 +560,34 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
+    /// One object of a directory rename: its marked copy at `dest`, or beside another
+    /// writer's object there as a conflict copy. The name last tried, and the copy.
+    async fn copy_or_beside(
+        &self,
+        o: &ObjectMeta,
+        dest: String,
+        pre: Precondition,
+        mark_for: &impl Fn(&str) -> String,
+        w: &WriteBack<S>,
+    ) -> (String, FsResult<ObjectMeta>) {
+        match self
+            .copy_checked(o, &dest, pre, Some(&mark_for(&dest)))
+            .await
+        {
+            Err(FsError::Stale) => {
+                let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
+                tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
+                w.note_conflict();
+                let mark = mark_for(&saved_as);
+                let result = self
+                    .copy_checked(o, &saved_as, Precondition::DoesNotExist, Some(&mark))
+                    .await;
+                (saved_as, result)
+            }
+            other => (dest, other),
+        }
+    }
+
     /// Moves every object under the directory, and the files being written under it. Their
     /// uploads are paused for the whole move, so none lands under the old name.
     async fn rename_dir(&self, from: &str, to: &str) -> FsResult<()> {
@@ -614,10 +643,10 @@ impl<S: ObjectStore> Filesystem<S> {
             if w.is_whole(&key).await {
                 continue;
             }
-            let mut based = false;
-            for o in objects.iter().filter(|o| o.key == key) {
-                based |= w.owns(&key, o).await;
-            }
+            let based = match objects.iter().find(|o| o.key == key) {
+                Some(o) => w.owns(&key, o).await,
+                None => false,
+            };
             if !based {
                 tracing::warn!(key = %key, "a file under the directory renamed here rests on an object another writer replaced or removed, and holds only some of its bytes; nothing is moved");
                 return Err(FsError::Stale);
@@ -638,43 +667,28 @@ impl<S: ObjectStore> Filesystem<S> {
         let copies: Vec<_> = objects
             .iter()
             .map(|o| {
-                    let (stop, mark_for) = (&stop, &mark_for);
-                    let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
-                    // The target was empty or absent: anything under it now is another
-                    // writer's, never seen here, and is not replaced (I8). Only the marker of
-                    // an empty target may be.
-                    let pre = if target_existed && dest == dst_prefix {
-                        Precondition::None
-                    } else {
-                        Precondition::DoesNotExist
-                    };
-                    async move {
-                        if stop.load(Ordering::Relaxed) {
-                            return (o, dest, None);
-                        }
-                        let mut tried = dest.clone();
-                        let result = match self
-                            .copy_checked(o, &dest, pre, Some(&mark_for(&dest)))
-                            .await
-                        {
-                            Err(FsError::Stale) => {
-                                let saved_as = conflict_key(&dest, crate::clock::now(), w.tag());
-                                tracing::error!(key = %dest, saved_as = %saved_as, "conflict: another writer put an object under the target of a directory rename; it is left as it is and ours was saved beside it");
-                                w.note_conflict();
-                                tried = saved_as.clone();
-                                let mark = mark_for(&saved_as);
-                                self.copy_checked(o, &saved_as, Precondition::DoesNotExist, Some(&mark))
-                                    .await
-                            }
-                            other => other,
-                        };
-                        if result.is_err() {
-                            stop.store(true, Ordering::Relaxed);
-                        }
-                        (o, tried, Some(result))
+                let (stop, mark_for) = (&stop, &mark_for);
+                let dest = format!("{dst_prefix}{}", &o.key[src_prefix.len()..]);
+                // The target was empty or absent: anything under it now is another writer's,
+                // never seen here, and is not replaced (I8). Only the marker of an empty
+                // target may be.
+                let pre = if target_existed && dest == dst_prefix {
+                    Precondition::None
+                } else {
+                    Precondition::DoesNotExist
+                };
+                async move {
+                    if stop.load(Ordering::Relaxed) {
+                        return (o, dest, None);
                     }
-                })
-                .collect();
+                    let (tried, result) = self.copy_or_beside(o, dest, pre, mark_for, w).await;
+                    if result.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    (o, tried, Some(result))
+                }
+            })
+            .collect();
         let attempts: Vec<(&ObjectMeta, String, Option<FsResult<ObjectMeta>>)> =
             futures::stream::iter(copies)
                 .buffer_unordered(RENAME_PARALLEL)

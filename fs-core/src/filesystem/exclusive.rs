@@ -44,7 +44,7 @@ fn mount(store: &Arc<MemoryStore>, cache: &Path, claim: bool) -> Filesystem<Memo
 
 /// Retries as `GcsStore` makes them, quickly: a lost answer is followed by a retry that meets
 /// the first try's effect.
-fn quick_retries() -> Option<RetryPolicy> {
+pub(super) fn quick_retries() -> Option<RetryPolicy> {
     Some(RetryPolicy {
         max_attempts: 4,
         initial_backoff: Duration::from_millis(1),

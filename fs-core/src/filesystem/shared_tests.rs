@@ -253,6 +253,21 @@ async fn a_directory_rename_does_not_replace_an_unseen_object_under_the_target()
     assert!(store.object_bytes("d/f").is_none());
 }
 
+/// Mount `m1`, about to rename directory `d` to `e`: the kernel has looked both up, and
+/// found no `e` (the answer is cached).
+async fn renaming_d_to_e(
+    store: &Arc<MemoryStore>,
+    dir: &std::path::Path,
+) -> Filesystem<MemoryStore> {
+    let m1 = machine(store, dir, "m1", Duration::ZERO);
+    m1.lookup(ROOT_INO, "d").await.unwrap();
+    assert!(matches!(
+        m1.lookup(ROOT_INO, "e").await,
+        Err(FsError::NotFound)
+    ));
+    m1
+}
+
 /// Two machines rename directory `d` (holding `x` and `y`) to `e` at once. The other
 /// machine's rename has copied `first` when ours starts; ours then fails at the request `fail`
 /// (operation, key), and the other machine finishes (copies the rest, deletes the sources).
@@ -264,12 +279,7 @@ async fn race_two_directory_renames(first: &str, fail: (&'static str, &str)) {
         store.insert("d/x", &b"x bytes"[..]),
         store.insert("d/y", &b"y bytes"[..]),
     ];
-    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
-    assert!(matches!(
-        m1.lookup(ROOT_INO, "e").await,
-        Err(FsError::NotFound)
-    ));
-    m1.lookup(ROOT_INO, "d").await.unwrap();
+    let m1 = renaming_d_to_e(&store, dir.path()).await;
     // The other machine's copies, in two rounds: `first`, then the rest.
     let (first, rest): (Vec<_>, Vec<_>) = sources.iter().partition(|s| s.key[2..] == *first);
     for (round, copies) in [first, rest].into_iter().enumerate() {
@@ -327,18 +337,8 @@ async fn a_directory_rename_knows_its_own_copies_after_lost_answers() {
     let store = Arc::new(MemoryStore::new());
     store.insert("d/x", &b"x bytes"[..]);
     store.insert("d/y", &b""[..]);
-    let m1 = machine(&store, dir.path(), "m1", Duration::ZERO);
-    m1.lookup(ROOT_INO, "d").await.unwrap();
-    assert!(matches!(
-        m1.lookup(ROOT_INO, "e").await,
-        Err(FsError::NotFound)
-    ));
-    store.set_retry(Some(crate::store::retry::RetryPolicy {
-        max_attempts: 3,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(2),
-        max_elapsed: Duration::from_secs(5),
-    }));
+    let m1 = renaming_d_to_e(&store, dir.path()).await;
+    store.set_retry(super::exclusive::quick_retries());
     store.lose_next_answers(2);
     m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.unwrap();
     assert_eq!(store.keys(), vec!["e/", "e/x", "e/y"]);

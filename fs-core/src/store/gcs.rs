@@ -496,6 +496,20 @@ fn to_meta(o: Object) -> ObjectMeta {
 const CUSTOM_METADATA_LIMIT: usize = 8 * 1024;
 
 impl GcsStore {
+    /// The object resource of `key` (of `generation`, or the live one).
+    async fn resource(&self, key: &str, generation: Option<i64>) -> StoreResult<Object> {
+        let req = GetObjectRequest {
+            bucket: self.bucket.clone(),
+            object: key.to_string(),
+            generation,
+            ..Default::default()
+        };
+        self.call("head", key, || async {
+            self.client.get_object(&req).await.map_err(classify)
+        })
+        .await
+    }
+
     /// The body of a marked copy, and the source's metageneration it was read from: a copy
     /// request with a body takes every editable field from the body alone (none from the
     /// source), so each of them is read from the source generation first and sent back, the
@@ -508,17 +522,7 @@ impl GcsStore {
         generation: i64,
         token: &str,
     ) -> StoreResult<Option<(Object, i64)>> {
-        let req = GetObjectRequest {
-            bucket: self.bucket.clone(),
-            object: src.to_string(),
-            generation: Some(generation),
-            ..Default::default()
-        };
-        let o = self
-            .call("head", src, || async {
-                self.client.get_object(&req).await.map_err(classify)
-            })
-            .await?;
+        let o = self.resource(src, Some(generation)).await?;
         let metageneration = o.metageneration;
         let body = marked_body(o, token);
         if body.is_none() {
@@ -551,19 +555,7 @@ fn marked_body(o: Object, token: &str) -> Option<Object> {
 #[async_trait::async_trait]
 impl ObjectStore for GcsStore {
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
-        let req = GetObjectRequest {
-            bucket: self.bucket.clone(),
-            object: key.to_string(),
-            ..Default::default()
-        };
-        self.call("head", key, || async {
-            self.client
-                .get_object(&req)
-                .await
-                .map(to_meta)
-                .map_err(classify)
-        })
-        .await
+        self.resource(key, None).await.map(to_meta)
     }
 
     async fn list(&self, req: &ListRequest) -> StoreResult<ListPage> {

@@ -1593,10 +1593,7 @@ impl Sim {
         };
         let moved = self.mounts[m].model.live(from);
         let over = if found.is_ok() { " (over a file)" } else { "" };
-        // The rename may upload the file under its new name before it returns.
-        let history = &mut self.mounts[m].model.history;
-        let old = history.get(from).cloned().unwrap_or_default();
-        history.entry(to.to_string()).or_default().extend(old);
+        self.may_land_at(m, from, to);
         self.doing(m, format!("rename {from} -> {to}{over}"));
         let r = self.run(m, |fs| async move { fs.rename(p1, &n1, p2, &n2).await })?;
         if let Some(id) = moved {
@@ -1608,21 +1605,10 @@ impl Sim {
         );
         let happened = match &r {
             Ok(()) => true,
-            Err(_) => {
-                let (f, t) = (from.to_string(), to.to_string());
-                let (a, b) =
-                    self.alone(
-                        m,
-                        |fs| async move { (look(fs, &f).await, look(fs, &t).await) },
-                    )?;
-                let moved_content = moved.map(|id| self.mounts[m].model.file(id).current.clone());
-                let happened = a == Seen::Missing
-                    && matches!(&b, Seen::File(d, _) if Some(d) == moved_content.as_ref());
-                if happened {
-                    self.note(Some(m), "  (the rename happened nonetheless)".into());
-                }
-                happened
-            }
+            Err(_) => match moved {
+                Some(id) => self.moved_nonetheless(m, id, from, to)?,
+                None => false,
+            },
         };
         if let Some(id) = moved.filter(|_| happened) {
             self.moved_to(m, id, from, to)?;
@@ -1684,11 +1670,8 @@ impl Sim {
             .filter(|(p, _)| p.starts_with(&prefix))
             .map(|(p, id)| (p.clone(), format!("{to}/{}", &p[prefix.len()..]), *id))
             .collect();
-        // The rename may upload a moved file under its new name before it returns.
         for (path, dest, _) in &moved {
-            let history = &mut self.mounts[m].model.history;
-            let old = history.get(path).cloned().unwrap_or_default();
-            history.entry(dest.clone()).or_default().extend(old);
+            self.may_land_at(m, path, dest);
         }
         self.doing(m, format!("rename directory {from} -> {to}"));
         let r = self.run(m, |fs| async move {
@@ -1715,21 +1698,37 @@ impl Sim {
             }
             Err(_) => {
                 for (path, dest, id) in &moved {
-                    let (f, t) = (path.clone(), dest.clone());
-                    let (a, b) =
-                        self.alone(
-                            m,
-                            |fs| async move { (look(fs, &f).await, look(fs, &t).await) },
-                        )?;
-                    let current = self.mounts[m].model.file(*id).current.clone();
-                    if a == Seen::Missing && matches!(&b, Seen::File(d, _) if *d == current) {
-                        self.note(Some(m), format!("  ({path} moved nonetheless)"));
+                    if self.moved_nonetheless(m, *id, path, dest)? {
                         self.renamed(m, path, dest);
                     }
                 }
             }
         }
         Ok(true)
+    }
+
+    /// The rename of mount `m`'s file from `from` to `to` may upload it under its new name
+    /// before it returns: what was under the old name may land under the new one.
+    fn may_land_at(&mut self, m: usize, from: &str, to: &str) {
+        let history = &mut self.mounts[m].model.history;
+        let old = history.get(from).cloned().unwrap_or_default();
+        history.entry(to.to_string()).or_default().extend(old);
+    }
+
+    /// After a rename of mount `m`'s file `id` from `from` to `to` failed: whether it happened
+    /// nonetheless (the old name is gone and the new one shows the file).
+    fn moved_nonetheless(&mut self, m: usize, id: FileId, from: &str, to: &str) -> Check<bool> {
+        let (f, t) = (from.to_string(), to.to_string());
+        let (a, b) = self.alone(
+            m,
+            |fs| async move { (look(fs, &f).await, look(fs, &t).await) },
+        )?;
+        let current = &self.mounts[m].model.file(id).current;
+        let happened = a == Seen::Missing && matches!(&b, Seen::File(d, _) if d == current);
+        if happened {
+            self.note(Some(m), format!("  ({from} moved to {to} nonetheless)"));
+        }
+        Ok(happened)
     }
 
     /// A rename of mount `m`'s file `id` from `from` to `to` succeeded. Where another writer's
