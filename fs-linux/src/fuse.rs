@@ -49,13 +49,15 @@ pub const MAX_READAHEAD: u32 = 1024 * 1024;
 /// waits for this very loop (a page fault on another file of the mount); a process killed
 /// meanwhile could even leave its last teardown, and the final close of its files of this
 /// mount, to this thread. So the last release, unlink, rmdir and rename (which can retire a
-/// file the kernel wrote itself, after a look at `/proc/<pid>/maps`) are spawned, as is
-/// `fsync` (which waits for the bucket anyway), and the thread-to-process lookups of
-/// [`Openers`] go off the thread when `/proc` must be read.
+/// file the kernel wrote itself, after a look at whether it is still mapped: a lease asked of
+/// the kernel, or where leases cannot be had, `/proc/<pid>/maps`) are spawned, as is `fsync`
+/// (which waits for the bucket anyway), and the thread-to-process lookups of [`Openers`] go off
+/// the thread when `/proc` must be read.
 ///
 /// One path is left: an open that fails after taking a file being written gives it back at
 /// once, and with `--passthrough writes`, if that file's upload ended just then, the give-back
-/// can retire it after a look at `/proc/<pid>/maps` here.
+/// can retire it after that look here; it reads `/proc/<pid>/maps` only on a cache disk
+/// without leases.
 ///
 /// A panic in the part run here is caught, as the runtime catches one in a task: the request's
 /// reply, dropped unanswered, fails it with `EIO`, and the session goes on.

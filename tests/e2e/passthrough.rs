@@ -228,3 +228,143 @@ fn without_passthrough_writes_go_through_the_daemon() -> Result<()> {
     }
     Ok(())
 }
+
+/// A child that holds a shared mapping its parent made and handed down by `fork`, waiting on
+/// a pipe for each step; killed and reaped when dropped.
+struct MappingChild {
+    pid: libc::pid_t,
+    go: std::fs::File,
+    done: std::fs::File,
+}
+
+impl MappingChild {
+    /// Forks a child that, told to go once, copies `patch` to `at` (inside the mapping),
+    /// says it is done, and exits when told to go again.
+    fn fork(at: *mut u8, patch: &[u8]) -> Result<Self> {
+        let (go_r, go_w) = pipe()?;
+        let (done_r, done_w) = pipe()?;
+        // SAFETY: the child runs only async-signal-safe calls (read, write, _exit) and copies
+        // into memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        anyhow::ensure!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let mut b = [0u8; 1];
+            // SAFETY: the child's own descriptors and the mapping it inherited. It keeps only
+            // its two pipes (as stdin and stdout): no descriptor of the test process's, of
+            // this mount or another test's, is held open by it.
+            unsafe {
+                libc::dup2(go_r.as_raw_fd(), 0);
+                libc::dup2(done_w.as_raw_fd(), 1);
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                libc::read(0, b.as_mut_ptr().cast(), 1);
+                std::ptr::copy_nonoverlapping(patch.as_ptr(), at, patch.len());
+                libc::write(1, b.as_ptr().cast(), 1);
+                libc::read(0, b.as_mut_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        Ok(MappingChild {
+            pid,
+            go: go_w,
+            done: done_r,
+        })
+    }
+
+    /// Tells the child to take its next step; the first waits until its store is made.
+    fn go(&mut self, wait: bool) -> Result<()> {
+        self.go.write_all(b"g")?;
+        if wait {
+            let mut b = [0u8; 1];
+            self.done.read_exact(&mut b)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MappingChild {
+    fn drop(&mut self) {
+        // SAFETY: our own child, killed if still there and reaped.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+fn pipe() -> Result<(std::fs::File, std::fs::File)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors, which the Files then own.
+    anyhow::ensure!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0);
+    // SAFETY: fresh descriptors owned by nobody else.
+    Ok(unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// A shared mapping handed to a child, the parent then gone from the file (unmapped and
+/// closed): the daemon cannot find the child by the process that opened the file, yet the
+/// kernel still has the file open for it. A store by the child after the upload is uploaded
+/// as a new version, and once the child exits the staged copy is let go.
+#[test]
+fn a_mapping_handed_to_a_child_is_followed_after_the_opener_lets_go() -> Result<()> {
+    let emu = setup("ptk")?;
+    let (m, addr) = mount(&emu, "ptk", &["--write-back-delay", "0s"])?;
+    let path = m.path().join("k.bin");
+    let mut want = random_bytes(MIB + 5, 50);
+    let len = want.len();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    f.write_all_at(&want, 0)?;
+    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    let patch = random_bytes(5_000, 51);
+    // SAFETY: 1000 + 5000 bytes lie within the mapping.
+    let mut child = MappingChild::fork(unsafe { map.cast::<u8>().add(1000) }, &patch)?;
+    // SAFETY: our own mapping; the child keeps its copy of it.
+    unsafe {
+        libc::munmap(map, len);
+    }
+    drop(f);
+    wait_for_object(&emu, "ptk", "k.bin", &sha256(&want), 60)?;
+    // The moment the staged copy would have been let go, had the mapping not been seen.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        metric(&addr, "bucketdrive_staged_bytes")? > 0.0,
+        "the staged copy stays"
+    );
+    child.go(true)?;
+    want[1000..1000 + patch.len()].copy_from_slice(&patch);
+    wait_for_object(&emu, "ptk", "k.bin", &sha256(&want), 60)?;
+    child.go(false)?;
+    drop(child);
+    let t = std::time::Instant::now();
+    while metric(&addr, "bucketdrive_staged_bytes")? > 0.0 {
+        anyhow::ensure!(
+            t.elapsed().as_secs() < 30,
+            "the staged copy is never let go after the mapping is gone"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(metric(&addr, WRITTEN)?, 0.0, "the daemon wrote nothing");
+    m.unmount()?;
+    assert_eq!(sha256(&emu.get("ptk", "k.bin")?), sha256(&want));
+    Ok(())
+}

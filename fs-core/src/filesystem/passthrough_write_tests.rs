@@ -496,6 +496,33 @@ async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
     );
 }
 
+/// A mapping held by a process other than the one that opened the file (a child it handed
+/// the mapping to, outliving it) keeps the file too: the kernel tells that the file is still
+/// open, where the opener's `/proc/<pid>/maps` shows nothing. A store after the upload is
+/// uploaded, and the item retires once the mapping is gone.
+#[tokio::test(start_paused = true)]
+async fn a_mapping_not_the_openers_keeps_the_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    // Process 1 opened it, and maps nothing of ours.
+    let (_, bytes) = mapped_and_closed_by(&fs, 1).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+    bytes[..4].copy_from_slice(b"two ");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(
+        &store.object_bytes("f").unwrap()[..4],
+        b"two ",
+        "the store through the mapping is uploaded"
+    );
+    unmap(bytes);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let wb = fs.write.as_ref().unwrap();
+    assert!(wb.item("f").is_none(), "the item retires once unmapped");
+}
+
 /// Two releases whose halves interleave (the inode's count, then the item's): the last to
 /// reach the item lets passthrough go, as nothing is left to join, so a later writer through
 /// bucketdrive edits a copy and its write, never closed, is not uploaded.
@@ -609,8 +636,17 @@ fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
 /// shared (the mapping returned) and `one ` stored through the mapping, then closed and
 /// released: the mapping outlives every handle.
 async fn mapped_and_closed(fs: &Filesystem<MemoryStore>) -> (u64, &'static mut [u8]) {
+    mapped_and_closed_by(fs, std::process::id()).await
+}
+
+/// As [`mapped_and_closed`], opened by process `opener` (the mapping is this process's all the
+/// same: a child's, its parent the opener).
+async fn mapped_and_closed_by(
+    fs: &Filesystem<MemoryStore>,
+    opener: u32,
+) -> (u64, &'static mut [u8]) {
     let me = CreateFlags {
-        process: Some(std::process::id()),
+        process: Some(opener),
         ..CreateFlags::default()
     };
     let (attr, h) = fs.create_with(ROOT_INO, "f", me).await.unwrap();
@@ -623,16 +659,25 @@ async fn mapped_and_closed(fs: &Filesystem<MemoryStore>) -> (u64, &'static mut [
     (attr.ino, bytes)
 }
 
-/// Maps `file` shared, `len` bytes (a test standing in for a process's mapping).
+/// Maps `file` shared, `len` bytes (a test standing in for a process's mapping): through an
+/// open of its own, as the kernel maps a passthrough handle through the backing file it
+/// opened for that handle, never through the daemon's open.
 fn map_shared(file: &std::fs::File, len: usize) -> &'static mut [u8] {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+    let own = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{fd}"))
+        .unwrap();
     // SAFETY: a shared mapping of a file the test owns, of its length; unmapped by `unmap`.
+    // The mapping keeps its open alive after `own` is dropped.
     let map = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(file),
+            std::os::fd::AsRawFd::as_raw_fd(&own),
             0,
         )
     };

@@ -283,6 +283,45 @@ pub fn mapped_by(ids: &[(String, u64)], pids: &[u32]) -> bool {
     })
 }
 
+/// Whether the file that `file` opens is also open any other way: by another descriptor not
+/// duplicated from it, or by a mapping made through one, of any process (a mapping keeps the
+/// open it was made through). `None` where that cannot be told.
+///
+/// Told by asking for a write lease, which the kernel grants only to the file's one open
+/// (`fs/locks.c`, `check_conflicting_open`), and giving it back at once. Unlike
+/// `/proc/<pid>/maps`, this needs no list of processes to look in: a mapping inherited by a
+/// child, whose parent has since exited, is counted too. Another open of the file in the
+/// moment the lease is held waits for its return; the signal that tells the holder so is
+/// ignored (nothing else here uses it). `None`: no leases on this file system, or no right
+/// to them (the file's owner, or `CAP_LEASE`).
+pub fn opened_elsewhere(file: &std::fs::File) -> Option<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        static QUIET: std::sync::Once = std::sync::Once::new();
+        // SAFETY: setting a signal's disposition to "ignore" touches no memory of ours.
+        QUIET.call_once(|| unsafe {
+            libc::signal(libc::SIGIO, libc::SIG_IGN);
+        });
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor `file` holds open; no pointers.
+        if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } == 0 {
+            // SAFETY: as above.
+            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+            return Some(false);
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EBUSY) => Some(true),
+            _ => None,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        None
+    }
+}
+
 /// Where per-user caches live: `$XDG_CACHE_HOME` or `~/.cache` on Unix, `%LOCALAPPDATA%` on
 /// Windows.
 pub fn user_cache_base() -> std::path::PathBuf {

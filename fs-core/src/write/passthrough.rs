@@ -41,12 +41,15 @@
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
 //!   can land after the last release, and after the upload. The engine remembers the file's
 //!   length and modification time at its last look (a seal, the last release); when the item
-//!   could retire, it stays if they moved since (a store while the upload ran), or if a
-//!   process that opened the file passing through still maps it shared (`/proc/<pid>/maps`
-//!   shows the mount's inode). A watch then looks at once and every [`MAPPING_POLL`]: a change
-//!   is sealed as a new version and uploaded as any; once nothing maps the file, the item
-//!   retires. An unmount's drain looks once more. A mapping handed to a child that outlives
-//!   the process that opened the file is not seen, nor a store into a page still dirty since
+//!   could retire, it stays if they moved since (a store while the upload ran), or if the
+//!   file is still open anywhere but in the engine: the kernel keeps the open a mapping was
+//!   made through for as long as the mapping lives, in whichever process holds it (a child it
+//!   was handed to included), and grants a write lease only to a file's one open
+//!   ([`crate::platform::opened_elsewhere`]; where leases cannot be had, the processes that
+//!   opened the file passing through are looked up in `/proc/<pid>/maps` instead). A watch
+//!   then looks at once and every [`MAPPING_POLL`]: a change is sealed as a new version and
+//!   uploaded as any; once nothing holds the file, the item retires. An unmount's drain looks
+//!   once more. Not seen: a store into a page still dirty since
 //!   the engine's last look, once the upload has read it (the file's time moves only when a
 //!   clean page is first stored into; seals are written back before an upload, and a reseal
 //!   writes the file back first, so such pages are rare). A failed close is never saved by
@@ -275,15 +278,25 @@ impl<S: ObjectStore> WriteBack<S> {
             return false;
         };
         let changed = stat(&file).is_ok_and(|now| now != seen);
-        let ids = self.mapping_ids(it, &file);
-        if !changed && !crate::platform::mapped_by(&ids, &it.kernel_openers) {
+        if !changed && !self.may_be_mapped(it, &file) {
             return false;
         }
         tracing::debug!(key = %it.key, changed, "the file may still be changed through a mapping: it stays, and what is stored is uploaded");
         it.mapped = true;
         let (me, shared, id) = (self.clone(), shared.clone(), it.work_id);
-        tokio::spawn(async move { me.watch_mapping(shared, id, file).await });
+        tokio::spawn(async move { me.watch_mapping(shared, id).await });
         true
+    }
+
+    /// Whether anything may still store into `it`'s file `file` (one open of the working copy):
+    /// any other open of it, by any process, or a mapping made through one, is told by the
+    /// kernel ([`crate::platform::opened_elsewhere`]), a mapping inherited by a child too. Where
+    /// the kernel cannot tell, the processes that opened it passing through are asked whether
+    /// they still map it shared (`/proc/<pid>/maps`).
+    fn may_be_mapped(&self, it: &Item, file: &File) -> bool {
+        crate::platform::opened_elsewhere(file).unwrap_or_else(|| {
+            crate::platform::mapped_by(&self.mapping_ids(it, file), &it.kernel_openers)
+        })
     }
 
     /// How `/proc/<pid>/maps` names a mapping of `it`'s file `file`: the inode on the mount
@@ -388,7 +401,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// once and then every [`MAPPING_POLL`], first whether a mapping is left, then whether
     /// the file changed (so a store made before the mapping went is seen); a change is saved
     /// as a new version. Handles open meanwhile take the changes at their own looks.
-    async fn watch_mapping(self: Arc<Self>, shared: Arc<Shared>, id: u64, file: File) {
+    async fn watch_mapping(self: Arc<Self>, shared: Arc<Shared>, id: u64) {
         loop {
             let (changed, gone) = {
                 let mut it = shared.item.lock().await;
@@ -400,8 +413,18 @@ impl<S: ObjectStore> WriteBack<S> {
                     }
                     return;
                 }
-                let ids = self.mapping_ids(&it, &file);
-                let gone = !crate::platform::mapped_by(&ids, &it.kernel_openers);
+                // The working copy's own open, looked at through each time: a second open of
+                // it held here would itself count as another open of the file.
+                let file = match it.work.clone_file() {
+                    Ok(f) => f,
+                    Err(e) => {
+                        drop(it);
+                        tracing::warn!(error = %e, "cannot look at a file still mapped; looking again later");
+                        tokio::time::sleep(MAPPING_POLL).await;
+                        continue;
+                    }
+                };
+                let gone = !self.may_be_mapped(&it, &file);
                 let busy = it.handles > 0 || it.through.is_some();
                 let changed = !busy && self.look_after_kernel(&shared, &mut it, &file);
                 (changed, gone && !busy)
