@@ -9,6 +9,7 @@
 #   TLS=1 bash tests/bench/read_profile.sh                 # over HTTPS (a test CA, SSL_CERT_FILE)
 #   BASE=<rev> bash tests/bench/read_profile.sh ...        # the same of the build at BASE
 #   PERF_DATA=<file> ...                                   # keeps perf.data there
+#   RCLONE=1 ...                                           # rclone mount beside it, same read
 #
 # Release build (symbols are kept), the emulator (filesystem backend) on loopback, no link
 # shaping, no read cache: every byte comes over HTTP. The bytes read are checked (sha256).
@@ -91,6 +92,25 @@ umount "$WORK/floor"; wait "$FLOOR" || true
   { echo "the floor's read has the wrong bytes" >&2; exit 1; }
 echo "the floor (a FUSE server answering from memory), the same read: $(mbps $((SIZE_MIB * 1048576)) "$fs" "$fe") MB/s," \
   "server CPU $(awk -v a="$f0" -v b="$f1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }') s per GiB"
+if [ "${RCLONE:-0}" = 1 ]; then
+  # rclone mount (Debian's, default options) on the same endpoint, trusting the same CA.
+  command -v rclone >/dev/null || _apt_install rclone
+  "$BD" unmount "$MNT" >/dev/null
+  "${ENDPOINT_ENV[@]}" rclone mount :gcs:bench "$MNT" --gcs-endpoint "$ENDPOINT/storage/v1/" \
+    --gcs-anonymous --daemon 2>"$WORK/rclone.log"
+  for _ in $(seq 100); do mountpoint -q "$MNT" && break; sleep 0.1; done
+  RPID=$(pgrep -f "rclone mount :gcs:bench $MNT" | head -n 1)
+  echo 3 > /proc/sys/vm/drop_caches; rm -f "$WORK/copy"; sleep 1
+  r0=$(cpu_s "$RPID"); rs=$(now)
+  read_big "$MNT"
+  re=$(now); r1=$(cpu_s "$RPID")
+  fusermount3 -u "$MNT" 2>/dev/null || umount "$MNT"
+  [ "$(sha256sum "$WORK/copy" | cut -d' ' -f1)" = "$SHA" ] || { echo "rclone's read has the wrong bytes" >&2; exit 1; }
+  echo "rclone mount, the same read: $(mbps $((SIZE_MIB * 1048576)) "$rs" "$re") MB/s," \
+    "rclone CPU $(awk -v a="$r0" -v b="$r1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }') s per GiB"
+  "${ENDPOINT_ENV[@]}" "$BD" mount bench "$MNT" --endpoint "$ENDPOINT" --anonymous \
+    --cache-dir "$WORK/cache" --log-file "$WORK/bd.log" "$@"
+fi
 perf report -i "$WORK/perf.data" --stdio --no-children --sort sym -g none 2>/dev/null |
   grep -E '^ +[0-9.]+%' > "$WORK/syms" || true
 echo

@@ -1723,12 +1723,22 @@ impl Sim {
             m,
             |fs| async move { (look(fs, &f).await, look(fs, &t).await) },
         )?;
-        let current = &self.mounts[m].model.file(id).current;
-        let happened = a == Seen::Missing && matches!(&b, Seen::File(d, _) if d == current);
+        let happened =
+            a == Seen::Missing && matches!(&b, Seen::File(d, _) if self.is_or_may_be(m, id, d));
+        if let (true, Seen::File(d, _)) = (happened, &b) {
+            self.mounts[m].model.set_current(id, d.clone());
+        }
         if happened {
             self.note(Some(m), format!("  ({from} moved to {to} nonetheless)"));
         }
         Ok(happened)
+    }
+
+    /// Whether `d` is mount `m`'s file `id` as the model has it, or a state of it that a crash
+    /// or a failed save may have kept instead (`maybe` in the model).
+    fn is_or_may_be(&self, m: usize, id: FileId, d: &[u8]) -> bool {
+        let f = self.mounts[m].model.file(id);
+        f.current == d || f.maybe.iter().any(|x| x == d)
     }
 
     /// A rename of mount `m`'s file `id` from `from` to `to` succeeded. Where another writer's
@@ -1760,6 +1770,16 @@ impl Sim {
         let removed = matches!(shown, Seen::Missing) && (by_others(to) || by_others(from));
         match &shown {
             Seen::File(d, _) if *d == current => self.renamed(m, from, to),
+            Seen::File(d, _) if self.is_or_may_be(m, id, d) => {
+                // A later state than the last saved one, which a crash or a failed save may
+                // have kept (a rename of a file open for writing saves it as it is).
+                self.note(
+                    Some(m),
+                    format!("  ({to} shows the file's later state {})", show(d)),
+                );
+                self.mounts[m].model.set_current(id, d.clone());
+                self.renamed(m, from, to);
+            }
             Seen::File(d, g) if theirs(d, g) => self.went_beside(m, from, to, &shown),
             Seen::Missing if removed => self.went_beside(m, from, to, &shown),
             _ => {
