@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The read ramp on a shaped link: a sequential 1 GiB read with the default streams (found by
+# probing, up to 32) beside a fixed 32 and beside raw parallel ranged GETs ×32 (curl), each
+# median of RUNS runs, alternated so that no row always runs first.
+#
+#   bash tests/bench/ramp_bench.sh          # RUNS=5 SIZE_MIB=1024 RATE=40M LATENCY=10ms
+#   BASE=<rev> bash tests/bench/ramp_bench.sh   # adds the build at BASE (defaults) as a row
+#
+# fake-gcs-server (filesystem backend) behind tests/proxy (link-proxy: RATE per connection,
+# LATENCY per request); a fresh root mount per read, no read cache; every read's bytes are
+# checked (cmp against the source). The stream levels each default read went through are printed from the
+# daemon's log. Needs root and /dev/fuse.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=${RUNS:-5}
+SIZE_MIB=${SIZE_MIB:-1024}
+RATE=${RATE:-40M}
+LATENCY=${LATENCY:-10ms}
+SIZE=$((SIZE_MIB * 1024 * 1024))
+source tests/emulator.sh
+source tests/bench/common.sh
+bench_work bd-ramp
+cargo build --release --quiet -p fs-linux -p bucketdrive-tests
+BD=target/release/bucketdrive
+BASE_BD=
+if [ -n "${BASE:-}" ]; then
+  build_base "$WORK/base"
+  BASE_BD=$WORK/base/bucketdrive
+fi
+trap 'kill "${PROXY_PID:-}" 2>/dev/null || true; bench_cleanup' EXIT
+start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+create_bucket bench
+head -c "$SIZE" /dev/urandom > "$WORK/obj"
+put_object bench big "$WORK/obj"
+start_proxy --rate "$RATE" --latency "$LATENCY"
+
+PART=$((8 * 1024 * 1024))
+raw32() {
+  local s e
+  s=$(now)
+  seq 0 $(((SIZE + PART - 1) / PART - 1)) | xargs -P 32 -I{} bash -c \
+    'curl -sf -o /dev/null -r $(({} * '"$PART"'))-$(({} * '"$PART"' + '"$PART"' - 1)) "'"http://$PROXY/storage/v1/b/bench/o/big?alt=media"'"'
+  e=$(now)
+  mbps "$SIZE" "$s" "$e"
+}
+# One read through a fresh mount of binary $1 with options $2...; prints MB/s.
+bd_read() {
+  local bin=$1 s e
+  shift
+  rm -f "$WORK/bd.log"
+  # Debug lines of the prefetcher alone: its stream level changes, a few per read.
+  RUST_LOG=info,fs_core::read::prefetch=debug "$bin" mount bench "$MNT" --endpoint "http://$PROXY" \
+    --anonymous --cache-dir "$WORK/cache" --log-file "$WORK/bd.log" "$@"
+  s=$(now)
+  # Checked against the source byte for byte as it is read (cmp costs far less CPU than a
+  # hash, which would share the two cores with the daemon).
+  local same=1
+  dd if="$MNT/big" bs=1M status=none | cmp -s - "$WORK/obj" || same=0
+  e=$(now)
+  "$bin" unmount "$MNT" >/dev/null
+  for _ in $(seq 50); do mountpoint -q "$MNT" || break; sleep 0.1; done
+  [ "$same" = 1 ] || { echo "a read through the mount has the wrong bytes" >&2; exit 1; }
+  mbps "$SIZE" "$s" "$e"
+}
+levels() { grep -o 'streams=[0-9]*' "$WORK/bd.log" 2>/dev/null | cut -d= -f2 | tr '\n' ' '; }
+
+for r in $(seq "$RUNS"); do
+  echo "run $r/$RUNS" >&2
+  add raw "$(raw32)"
+  add fixed "$(bd_read "$BD" --read-concurrency 32)"
+  add defaults "$(bd_read "$BD")"
+  echo "  default read's stream levels: 8 $(levels)" >&2
+  [ -z "$BASE_BD" ] || add base "$(bd_read "$BASE_BD")"
+done
+
+echo
+echo "Sequential read of $SIZE_MIB MiB through link-proxy ($RATE B/s per connection, $LATENCY per request); medians of $RUNS runs, alternated"
+echo
+echo "| reader | MB/s (median) | runs | ÷ raw ×32 | ÷ fixed 32 |"
+echo "|---|---:|---|---:|---:|"
+row() { echo "| $1 | $(med "$2") | ${R[$2]} | $(ratio "$(med "$2")" "$(med raw)") | $(ratio "$(med "$2")" "$(med fixed)") |"; }
+row "raw: curl, 8 MiB ranged GETs ×32" raw
+row "bucketdrive --read-concurrency 32" fixed
+row "bucketdrive, defaults" defaults
+[ -z "$BASE_BD" ] || row "bucketdrive at $BASE, defaults" base
