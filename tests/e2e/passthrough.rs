@@ -313,6 +313,7 @@ fn pipe() -> Result<(std::fs::File, std::fs::File)> {
 fn a_mapping_handed_to_a_child_is_followed_after_the_opener_lets_go() -> Result<()> {
     let emu = setup("ptk")?;
     let (m, addr) = mount(&emu, "ptk", &["--write-back-delay", "0s"])?;
+    wait_for_log(&m, "and reads and writes files being written")?;
     let path = m.path().join("k.bin");
     let mut want = random_bytes(MIB + 5, 50);
     let len = want.len();

@@ -307,7 +307,10 @@ pub fn opened_elsewhere(file: &std::fs::File) -> Option<bool> {
         // SAFETY: fcntl on a descriptor `file` holds open; no pointers.
         if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } == 0 {
             // SAFETY: as above.
-            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+            if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) } != 0 {
+                // Every other open of the file would wait out the lease-break time.
+                tracing::error!(error = %io::Error::last_os_error(), "could not give back a lease on a staging file");
+            }
             return Some(false);
         }
         match io::Error::last_os_error().raw_os_error() {

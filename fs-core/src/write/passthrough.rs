@@ -48,7 +48,9 @@
 //!   ([`crate::platform::opened_elsewhere`]; where leases cannot be had, the processes that
 //!   opened the file passing through are looked up in `/proc/<pid>/maps` instead). A watch
 //!   then looks at once and every [`MAPPING_POLL`]: a change is sealed as a new version and
-//!   uploaded as any; once nothing holds the file, the item retires. An unmount's drain looks
+//!   uploaded as any; once nothing holds the file, the item retires. Any mapping counts, a
+//!   reader's private one too: so the staging file is never recycled for another file while
+//!   anything still maps it. An unmount's drain looks
 //!   once more. Not seen: a store into a page still dirty since
 //!   the engine's last look, once the upload has read it (the file's time moves only when a
 //!   clean page is first stored into; seals are written back before an upload, and a reseal
@@ -424,10 +426,12 @@ impl<S: ObjectStore> WriteBack<S> {
                         continue;
                     }
                 };
-                let gone = !self.may_be_mapped(&it, &file);
+                // Not asked while a handle is open: its answer would not be used, and the lease
+                // it takes must not meet the kernel opening a new handle's backing file.
                 let busy = it.handles > 0 || it.through.is_some();
+                let gone = !busy && !self.may_be_mapped(&it, &file);
                 let changed = !busy && self.look_after_kernel(&shared, &mut it, &file);
-                (changed, gone && !busy)
+                (changed, gone)
             };
             if changed {
                 #[cfg(test)]
