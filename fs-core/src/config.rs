@@ -71,7 +71,7 @@ impl MountConfig {
             file_mode: 0o644,
             dir_mode: 0o755,
             read_part_size: 8 * 1024 * 1024,
-            read_concurrency: 8,
+            read_concurrency: 16,
             read_concurrency_max: 32,
             max_read_memory: 1024 * 1024 * 1024,
             reported_free_bytes: 1 << 50,

@@ -5,6 +5,7 @@
 #
 #   bash tests/bench/ramp_bench.sh          # RUNS=5 SIZE_MIB=1024 RATE=40M LATENCY=10ms
 #   BASE=<rev> bash tests/bench/ramp_bench.sh   # adds the build at BASE (defaults) as a row
+#   READERS=8 ...    # then 8 readers at once, each its own object: aggregate MB/s, peak RSS
 #
 # fake-gcs-server (filesystem backend) behind tests/proxy (link-proxy: RATE per connection,
 # LATENCY per request); a fresh root mount per read, no read cache; every read's bytes are
@@ -32,6 +33,12 @@ start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
 create_bucket bench
 head -c "$SIZE" /dev/urandom > "$WORK/obj"
 put_object bench big "$WORK/obj"
+READERS=${READERS:-0}
+EIGHT_MIB=${EIGHT_MIB:-512}
+for i in $(seq 0 $((READERS - 1))); do
+  head -c $((EIGHT_MIB * 1048576)) /dev/urandom > "$WORK/r$i"
+  put_object bench "r$i" "$WORK/r$i"
+done
 start_proxy --rate "$RATE" --latency "$LATENCY"
 
 PART=$((8 * 1024 * 1024))
@@ -62,6 +69,24 @@ bd_read() {
   [ "$same" = 1 ] || { echo "a read through the mount has the wrong bytes" >&2; exit 1; }
   mbps "$SIZE" "$s" "$e"
 }
+# Eight readers at once through a fresh mount of binary $1, each its own object, bytes
+# compared; prints the daemon's peak RSS (MiB) and the aggregate MB/s.
+eight() {
+  local bin=$1 s e pids=() ok=1 pid hwm
+  "$bin" mount bench "$MNT" --endpoint "http://$PROXY" --anonymous --cache-dir "$WORK/cache"
+  pid=$(pgrep -f "mount bench $MNT" | head -n 1)
+  s=$(now)
+  for i in $(seq 0 $((READERS - 1))); do
+    (dd if="$MNT/r$i" bs=1M status=none | cmp -s - "$WORK/r$i") & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || ok=0; done
+  e=$(now)
+  hwm=$(awk '/VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
+  "$bin" unmount "$MNT" >/dev/null
+  for _ in $(seq 50); do mountpoint -q "$MNT" || break; sleep 0.1; done
+  [ "$ok" = 1 ] || { echo "a concurrent reader read wrong bytes" >&2; exit 1; }
+  echo "$hwm $(mbps $((EIGHT_MIB * 1048576 * READERS)) "$s" "$e")"
+}
 levels() { grep -o 'streams=[0-9]*' "$WORK/bd.log" 2>/dev/null | cut -d= -f2 | tr '\n' ' '; }
 
 for r in $(seq "$RUNS"); do
@@ -69,8 +94,12 @@ for r in $(seq "$RUNS"); do
   add raw "$(raw32)"
   add fixed "$(bd_read "$BD" --read-concurrency 32)"
   add defaults "$(bd_read "$BD")"
-  echo "  default read's stream levels: 8 $(levels)" >&2
+  echo "  the default read's stream level changes: $(levels)" >&2
   [ -z "$BASE_BD" ] || add base "$(bd_read "$BASE_BD")"
+  if [ "$READERS" -gt 0 ]; then
+    read -r a b < <(eight "$BD"); add rss "$a"; add agg "$b"
+    [ -z "$BASE_BD" ] || { read -r a b < <(eight "$BASE_BD"); add base_rss "$a"; add base_agg "$b"; }
+  fi
 done
 
 echo
@@ -83,3 +112,10 @@ row "raw: curl, 8 MiB ranged GETs ×32" raw
 row "bucketdrive --read-concurrency 32" fixed
 row "bucketdrive, defaults" defaults
 [ -z "$BASE_BD" ] || row "bucketdrive at $BASE, defaults" base
+if [ "$READERS" -gt 0 ]; then
+  echo
+  echo "| $READERS readers at once, $EIGHT_MIB MiB each, default budget | peak RSS MiB (median) | runs | aggregate MB/s (median) | runs |"
+  echo "|---|---:|---|---:|---|"
+  echo "| bucketdrive | $(med rss) | ${R[rss]} | $(med agg) | ${R[agg]} |"
+  [ -z "$BASE_BD" ] || echo "| bucketdrive at $BASE | $(med base_rss) | ${R[base_rss]} | $(med base_agg) | ${R[base_agg]} |"
+fi

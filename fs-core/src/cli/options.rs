@@ -77,7 +77,7 @@ pub struct CommonArgs {
     #[arg(long, value_parser = parse_size, default_value = "8MiB")]
     pub read_part_size: u64,
     /// Ranged GETs in flight per file while reading sequentially, fixed. Default: found per
-    /// file, starting at 8 and doubling while throughput grows, up to --max-read-concurrency.
+    /// file, starting at 16 and doubling while throughput grows, up to --max-read-concurrency.
     #[arg(long)]
     pub read_concurrency: Option<usize>,
     /// Most ranged GETs in flight per file when the number is found per file.

@@ -32,6 +32,11 @@ use super::streams::Streams;
 use crate::error::{FsError, FsResult};
 use crate::store::{ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
 
+/// Streams each of several readers streaming at once may always have, whatever their share of
+/// the stream cap: where probing started before a single reader started higher, and the
+/// number eight readers together fill a link with.
+const SHARED_FLOOR: usize = 8;
+
 /// Tuning of one reader.
 #[derive(Debug, Clone, Copy)]
 pub struct PrefetchConfig {
@@ -203,13 +208,17 @@ impl<S: ObjectStore> Reader<S> {
 
     /// The most streams this reader may use now: its share of the budget (less the part being
     /// read), and its share of the stream cap among the readers streaming now (never below
-    /// where probing starts). Eight readers at once each stay at the starting number rather
+    /// [`SHARED_FLOOR`], nor below a fixed number). Eight readers at once each stay at 8 rather
     /// than each probing up to the cap: together they already hold the link.
     fn ceiling(&self) -> usize {
         let share_parts = self.budget.fair_share() / self.cfg.part_size;
         let by_budget = usize::try_from(share_parts.saturating_sub(1).max(1)).unwrap_or(usize::MAX);
         let readers = usize::try_from(self.budget.streaming_readers().max(1)).unwrap_or(1);
-        let by_streams = (self.streams.cap() / readers).max(self.cfg.concurrency);
+        let floor = match self.cfg.max_concurrency > self.cfg.concurrency {
+            true => self.cfg.concurrency.min(SHARED_FLOOR),
+            false => self.cfg.concurrency,
+        };
+        let by_streams = (self.streams.cap() / readers).max(floor);
         by_budget.min(by_streams)
     }
 

@@ -30,7 +30,7 @@ use super::runner::{percentile, Measurements};
 const MIB: u64 = 1 << 20;
 
 /// The mount's defaults (see `CommonArgs`), used where nothing was measured.
-pub const DEFAULT_READ_CONCURRENCY: usize = 8;
+pub const DEFAULT_READ_CONCURRENCY: usize = 16;
 pub const DEFAULT_READ_PART: u64 = 8 * MIB;
 pub const DEFAULT_UPLOAD_CONCURRENCY: usize = 8;
 pub const DEFAULT_UPLOAD_PART: u64 = 32 * MIB;

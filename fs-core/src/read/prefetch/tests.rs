@@ -348,3 +348,47 @@ async fn many_readers_share_the_budget_and_none_starves() {
     assert!(budget.peak() <= budget.total());
     assert_eq!(budget.in_use(), 0);
 }
+
+/// One reader starts at the default 16 streams, where eight at once each keep 8: together they
+/// already fill the link, and the budget they share is not spent on sockets.
+#[tokio::test(start_paused = true)]
+async fn one_reader_starts_at_16_and_eight_at_once_keep_8_each() {
+    let size = 48u64 << 20;
+    let store = Arc::new(MemoryStore::new());
+    let mut objects = Vec::new();
+    for i in 0..8u8 {
+        let data = pattern(size as usize, 40 + i);
+        store.insert(&format!("obj{i}"), data.clone());
+        objects.push(data);
+    }
+    store.set_link(Some(capped_link()));
+    let budget = ReadBudget::new(1 << 30);
+    let cfg = PrefetchConfig::adaptive(1 << 20, 16, 32);
+    let mut alone = reader(&store, "obj0", &budget, cfg);
+    let (got, _) = read_all(&mut alone, size).await;
+    assert!(got == objects[0]);
+    assert!(
+        alone.stats().peak_streams >= 16,
+        "a reader alone starts at 16: {:?}",
+        alone.stats()
+    );
+    drop(alone);
+    let mut tasks = Vec::new();
+    for (i, data) in objects.into_iter().enumerate() {
+        let mut r = reader(&store, &format!("obj{i}"), &budget, cfg);
+        tasks.push(tokio::spawn(async move {
+            let (got, _) = read_all(&mut r, size).await;
+            assert!(got == data, "reader {i} returned other bytes");
+            r.stats()
+        }));
+    }
+    let mut peaks = Vec::new();
+    for t in tasks {
+        peaks.push(t.await.unwrap().peak_streams);
+    }
+    // 8 each, plus the part a read may need at once.
+    assert!(
+        peaks.iter().all(|p| *p <= 9),
+        "eight readers at once keep 8 streams each: {peaks:?}"
+    );
+}
