@@ -496,6 +496,29 @@ async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
     );
 }
 
+/// Where the kernel cannot tell (no leases on the cache disk's file system), the processes
+/// that opened the file are asked: the opener's shared mapping keeps the item, a store through
+/// it after the upload is uploaded, and the item retires once it is unmapped.
+#[tokio::test(start_paused = true)]
+async fn without_leases_the_openers_mapping_is_found_in_proc() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let wb = fs.write.as_ref().unwrap().clone();
+    wb.no_leases
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (_, bytes) = mapped_and_closed(&fs).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+    bytes[..4].copy_from_slice(b"two ");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"two ");
+    unmap(bytes);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(wb.item("f").is_none(), "the item retires once unmapped");
+}
+
 /// A mapping held by a process other than the one that opened the file (a child it handed
 /// the mapping to, outliving it) keeps the file too: the kernel tells that the file is still
 /// open, where the opener's `/proc/<pid>/maps` shows nothing. A store after the upload is

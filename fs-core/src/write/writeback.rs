@@ -137,6 +137,10 @@ pub struct WriteBack<S: ObjectStore> {
     /// Tests: where a mapping's watch waits between finding a change and saving it.
     #[cfg(test)]
     pub(crate) mapped_save_gate: parking_lot::Mutex<Option<Arc<tokio::sync::Barrier>>>,
+    /// Tests: the kernel is not asked for a lease (as on a file system without leases), so a
+    /// mapping is looked for in `/proc/<pid>/maps`.
+    #[cfg(test)]
+    pub(crate) no_leases: std::sync::atomic::AtomicBool,
 }
 
 /// Free memory kept for write requests: half of what the kernel may have in flight (64
@@ -212,6 +216,8 @@ impl<S: ObjectStore> WriteBack<S> {
             kernel_dev: parking_lot::Mutex::new(None),
             #[cfg(test)]
             mapped_save_gate: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            no_leases: Default::default(),
         }))
     }
 
