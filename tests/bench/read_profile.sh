@@ -10,6 +10,7 @@
 #   BASE=<rev> bash tests/bench/read_profile.sh ...        # the same of the build at BASE
 #   PERF_DATA=<file> ...                                   # keeps perf.data there
 #   RCLONE=1 ...                                           # rclone mount beside it, same read
+# Beside it, the same reader on a local file of the same bytes, from a cold page cache.
 #
 # Release build (symbols are kept), the emulator (filesystem backend) on loopback, no link
 # shaping, no read cache: every byte comes over HTTP. The bytes read are checked (sha256).
@@ -76,6 +77,13 @@ kill -INT "$PERF"; wait "$PERF" || true
 [ "$(sha256sum "$WORK/copy" | cut -d' ' -f1)" = "$SHA" ] || { echo "the read has the wrong bytes" >&2; exit 1; }
 echo "read $SIZE_MIB MiB with ${READER:-dd} over $(case "${TLS:-0}" in 1) echo HTTPS;; *) echo HTTP;; esac): $(mbps $((SIZE_MIB * 1048576)) "$s" "$e") MB/s," \
   "daemon CPU $(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }') s per GiB"
+# The same reader on a local file of the same bytes, from the same cold start (nothing in the
+# page cache): what the read would take if the object were a file on this disk.
+mkdir -p "$WORK/local"; ln -f "$WORK/src" "$WORK/local/big"
+rm -f "$WORK/copy"; sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1
+ls=$(now); read_big "$WORK/local"; le=$(now)
+echo "the same read of a local file: $(mbps $((SIZE_MIB * 1048576)) "$ls" "$le") MB/s;" \
+  "bucketdrive ÷ local: $(awk -v a="$s" -v b="$e" -v c="$ls" -v d="$le" 'BEGIN { printf "%.2f", (d - c) / (b - a) }')"
 # The floor, read the same way.
 mkdir -p "$WORK/floor"
 target/release/fuse-floor "$WORK/floor" "$SIZE_MIB" &
