@@ -369,3 +369,82 @@ fn a_mapping_handed_to_a_child_is_followed_after_the_opener_lets_go() -> Result<
     assert_eq!(sha256(&emu.get("ptk", "k.bin")?), sha256(&want));
     Ok(())
 }
+
+/// A shared mapping that outlives a kill of the daemon: the process that made it goes on and
+/// stores through it after the next mount has replayed and uploaded the file; that store is
+/// uploaded too, and once it is unmapped the staged copy is let go.
+#[test]
+fn a_mapping_that_outlives_a_kill_is_followed_by_the_next_mount() -> Result<()> {
+    let emu = setup("ptx")?;
+    let cache = tempfile::tempdir()?;
+    let args = ["--passthrough", "writes", "--write-back-delay", "1h"];
+    let m = Mount::with_cache(&emu, "ptx", cache.path(), &args)?;
+    wait_for_log(&m, "and reads and writes files being written")?;
+    let mut want = random_bytes(MIB + 9, 60);
+    let len = want.len();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path().join("x.bin"))?;
+    f.write_all_at(&want, 0)?;
+    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    struct Unmap(*mut libc::c_void, usize);
+    impl Drop for Unmap {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made above, unused once this runs.
+            unsafe {
+                libc::munmap(self.0, self.1);
+            }
+        }
+    }
+    let mapping = Unmap(map, len);
+    drop(f);
+    m.crash()?;
+    let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+    let args = [
+        "--passthrough",
+        "writes",
+        "--write-back-delay",
+        "0s",
+        "--metrics-addr",
+        &addr,
+    ];
+    let m = Mount::with_cache(&emu, "ptx", cache.path(), &args)?;
+    wait_for_object(&emu, "ptx", "x.bin", &sha256(&want), 60)?;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        metric(&addr, "bucketdrive_staged_bytes")? > 0.0,
+        "the staged copy stays while mapped"
+    );
+    // SAFETY: within the mapping, still mapped.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+    let patch = random_bytes(4_000, 61);
+    bytes[2000..2000 + patch.len()].copy_from_slice(&patch);
+    want[2000..2000 + patch.len()].copy_from_slice(&patch);
+    wait_for_object(&emu, "ptx", "x.bin", &sha256(&want), 60)?;
+    drop(mapping);
+    let t = std::time::Instant::now();
+    while metric(&addr, "bucketdrive_staged_bytes")? > 0.0 {
+        anyhow::ensure!(
+            t.elapsed().as_secs() < 30,
+            "the staged copy is never let go after the mapping is gone"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    m.unmount()?;
+    assert_eq!(sha256(&emu.get("ptx", "x.bin")?), sha256(&want));
+    Ok(())
+}

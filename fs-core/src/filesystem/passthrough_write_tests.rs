@@ -115,6 +115,56 @@ fn a_crash_with_the_file_open_replays_it_as_it_is() {
     assert_eq!(store.object_bytes("f").unwrap(), want);
 }
 
+/// A mapping that outlives a crash of the daemon (the process that made it goes on): after the
+/// next mount replays and uploads the file, a store through it is uploaded too, and the item
+/// retires once it is unmapped.
+#[test]
+fn a_mapping_that_outlives_a_crash_is_followed_after_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let rt = paused();
+    let bytes = rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+        let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+        let file = backing(&w);
+        file.set_len(8192).unwrap();
+        let bytes = map_shared(&file, 8192);
+        bytes[..4].copy_from_slice(b"one ");
+        fs.flush(w.fh).await.unwrap();
+        // The crash: no release, no drain; the mapping stays.
+        drop(fs);
+        bytes
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let rt = paused();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        assert_eq!(fs.start().await.unwrap(), 1);
+        assert_eq!(fs.drain(false).await, 0);
+        assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+        bytes[..4].copy_from_slice(b"two ");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fs.drain(false).await, 0);
+        assert_eq!(
+            &store.object_bytes("f").unwrap()[..4],
+            b"two ",
+            "a store through the mapping after the replay's upload"
+        );
+        unmap(bytes);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let wb = fs.write.as_ref().unwrap();
+        assert!(wb.item("f").is_none(), "the item retires once unmapped");
+    });
+}
+
 /// A store through a shared mapping after the last release (the kernel maps the backing file
 /// itself): the upload finds the bytes changed since the seal, and uploads them as they are
 /// now, never the seal's CRC32C over other bytes.

@@ -50,9 +50,10 @@
 //!   then looks at once and every [`MAPPING_POLL`]: a change is sealed as a new version and
 //!   uploaded as any; once nothing holds the file, the item retires. Any mapping counts, a
 //!   reader's private one too: so the staging file is never recycled for another file while
-//!   anything still maps it. An unmount's drain looks
-//!   once more. Not seen: a store into a page still dirty since
-//!   the engine's last look, once the upload has read it (the file's time moves only when a
+//!   anything still maps it. A file the kernel wrote that a replay finds (the daemon died) is
+//!   looked at the same way before it retires: a mapping can outlive the daemon. An
+//!   unmount's drain looks once more. Not seen: a store into a page still dirty since the
+//!   engine's last look, once the upload has read it (the file's time moves only when a
 //!   clean page is first stored into; seals are written back before an upload, and a reseal
 //!   writes the file back first, so such pages are rare). A failed close is never saved by
 //!   the watch (I10).
@@ -110,7 +111,7 @@ fn has_room(staging: &Dir, pretend: &AtomicU64, room: u64) -> bool {
 }
 
 /// Length and modification time of a file, as the engine compares them.
-fn stat(file: &File) -> std::io::Result<(u64, SystemTime)> {
+pub(super) fn stat(file: &File) -> std::io::Result<(u64, SystemTime)> {
     let m = file.metadata()?;
     Ok((m.len(), m.modified()?))
 }

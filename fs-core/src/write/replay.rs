@@ -149,8 +149,15 @@ impl<S: ObjectStore> WriteBack<S> {
             };
             item.sched.due_in(Duration::ZERO);
             if rec.live {
-                // A mapping made before the stop may still write it: never reused.
+                // A mapping made before the stop may still write it: never reused, and looked
+                // for before the item retires, as after a last release (the file as found now
+                // is what the engine last saw of it).
                 self.in_place.lock().insert(rec.id);
+                item.kernel_seen = item
+                    .work
+                    .clone_file()
+                    .ok()
+                    .and_then(|f| super::passthrough::stat(&f).ok());
             }
             let shared = Shared::new(item);
             self.space.charge_existing(&shared.charged, rec.size);
