@@ -228,6 +228,8 @@ impl<S: ObjectStore> WriteBack<S> {
                 it.work = work;
                 it.work_id = file;
                 it.work_live = false;
+                // Not the file the kernel was last seen writing (or, the same file, held).
+                it.kernel_seen = None;
                 it.edits = it.committed + 1;
                 it.held = held;
                 it.unsaved_record = Some(rec.id);

@@ -156,8 +156,10 @@ impl<S: ObjectStore> WriteBack<S> {
         it.work = copy;
         it.work_id = id;
         it.work_named = named;
-        // A file of ours alone: the kernel never wrote this one itself.
+        // A file of ours alone: the kernel never wrote this one itself, and what it was seen
+        // to have written in the old one is no measure of this one.
         it.work_live = false;
+        it.kernel_seen = None;
         Ok(())
     }
 
