@@ -3,7 +3,8 @@
 //! daemon's write and read counters do not move; what reaches the bucket is what was written.
 
 use bucketdrive_tests::{
-    metric, random_bytes, sha256, wait_for_log, wait_for_object, Emulator, Mount, Result,
+    map_shared, metric, random_bytes, sha256, wait_for_log, wait_for_object, Emulator, Mount,
+    Result,
 };
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -27,6 +28,19 @@ fn mount(emu: &Emulator, bucket: &str, extra: &[&str]) -> Result<(Mount, String)
     args.extend_from_slice(extra);
     let m = Mount::new(emu, bucket, &args)?;
     Ok((m, addr))
+}
+
+/// Waits (up to 30 s) until the mount at metrics address `addr` holds no staged bytes.
+fn staged_copy_let_go(addr: &str) -> Result<()> {
+    let t = std::time::Instant::now();
+    while metric(addr, "bucketdrive_staged_bytes")? > 0.0 {
+        anyhow::ensure!(
+            t.elapsed().as_secs() < 30,
+            "the staged copy is never let go after the mapping is gone"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    Ok(())
 }
 
 /// Writes, appends through a second handle, a truncate, a store through a shared mapping, and
@@ -67,18 +81,7 @@ fn a_new_file_is_written_and_read_by_the_kernel_itself() -> Result<()> {
     assert_eq!(std::fs::metadata(&path)?.len(), want.len() as u64);
     // A store through a shared mapping.
     let len = want.len();
-    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            w.as_raw_fd(),
-            0,
-        )
-    };
-    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    let map = map_shared(&w, len)?;
     // SAFETY: the mapping made above, `len` bytes.
     let bytes = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, len) };
     let patch = random_bytes(9_000, 3);
@@ -115,18 +118,7 @@ fn a_store_through_a_mapping_after_the_upload_reaches_the_bucket() -> Result<()>
         .truncate(true)
         .open(&path)?;
     f.write_all_at(&want, 0)?;
-    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    let map = map_shared(&f, len)?;
     drop(f);
     wait_for_object(&emu, "ptm", "m.bin", &sha256(&want), 60)?;
     // SAFETY: the mapping made above, `len` bytes, still mapped.
@@ -324,18 +316,7 @@ fn a_mapping_handed_to_a_child_is_followed_after_the_opener_lets_go() -> Result<
         .truncate(true)
         .open(&path)?;
     f.write_all_at(&want, 0)?;
-    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    let map = map_shared(&f, len)?;
     let patch = random_bytes(5_000, 51);
     // SAFETY: 1000 + 5000 bytes lie within the mapping.
     let mut child = MappingChild::fork(unsafe { map.cast::<u8>().add(1000) }, &patch)?;
@@ -356,14 +337,7 @@ fn a_mapping_handed_to_a_child_is_followed_after_the_opener_lets_go() -> Result<
     wait_for_object(&emu, "ptk", "k.bin", &sha256(&want), 60)?;
     child.go(false)?;
     drop(child);
-    let t = std::time::Instant::now();
-    while metric(&addr, "bucketdrive_staged_bytes")? > 0.0 {
-        anyhow::ensure!(
-            t.elapsed().as_secs() < 30,
-            "the staged copy is never let go after the mapping is gone"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    staged_copy_let_go(&addr)?;
     assert_eq!(metric(&addr, WRITTEN)?, 0.0, "the daemon wrote nothing");
     m.unmount()?;
     assert_eq!(sha256(&emu.get("ptk", "k.bin")?), sha256(&want));
@@ -389,18 +363,7 @@ fn a_mapping_that_outlives_a_kill_is_followed_by_the_next_mount() -> Result<()> 
         .truncate(true)
         .open(m.path().join("x.bin"))?;
     f.write_all_at(&want, 0)?;
-    // SAFETY: a fresh shared mapping of a file we hold open, unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    let map = map_shared(&f, len)?;
     struct Unmap(*mut libc::c_void, usize);
     impl Drop for Unmap {
         fn drop(&mut self) {
@@ -436,14 +399,7 @@ fn a_mapping_that_outlives_a_kill_is_followed_by_the_next_mount() -> Result<()> 
     want[2000..2000 + patch.len()].copy_from_slice(&patch);
     wait_for_object(&emu, "ptx", "x.bin", &sha256(&want), 60)?;
     drop(mapping);
-    let t = std::time::Instant::now();
-    while metric(&addr, "bucketdrive_staged_bytes")? > 0.0 {
-        anyhow::ensure!(
-            t.elapsed().as_secs() < 30,
-            "the staged copy is never let go after the mapping is gone"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    staged_copy_let_go(&addr)?;
     m.unmount()?;
     assert_eq!(sha256(&emu.get("ptx", "x.bin")?), sha256(&want));
     Ok(())

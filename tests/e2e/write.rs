@@ -632,7 +632,6 @@ fn unmount_waits_for_uploads_unless_told_not_to() -> Result<()> {
 /// reference is released, and uploaded.
 #[test]
 fn writes_through_a_shared_mapping_after_close_are_uploaded() -> Result<()> {
-    use std::os::fd::AsRawFd;
     let emu = setup("mmap")?;
     let m = Mount::new(&emu, "mmap", &["--write-back-delay", "0s"])?;
     let path = m.path().join("mapped");
@@ -643,18 +642,8 @@ fn writes_through_a_shared_mapping_after_close_are_uploaded() -> Result<()> {
         .read(true)
         .write(true)
         .open(&path)?;
-    // SAFETY: a fresh shared mapping of a file we own, unmapped below before it goes away.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    // Unmapped below before it goes away.
+    let map = bucketdrive_tests::map_shared(&f, len)?;
     // The descriptor is closed (its flush finds nothing dirty); the mapping still holds the
     // file open.
     drop(f);

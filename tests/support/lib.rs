@@ -937,3 +937,21 @@ pub fn drop_page_cache() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "1")?;
     Ok(())
 }
+
+/// A shared mapping of `len` bytes of the open file `f`, read and write (unmapped by the caller).
+pub fn map_shared(f: &std::fs::File, len: usize) -> Result<*mut libc::c_void> {
+    // SAFETY: a fresh shared mapping of a file the caller holds open; no memory of ours is
+    // touched until the caller uses it.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(f),
+            0,
+        )
+    };
+    anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+    Ok(map)
+}

@@ -148,20 +148,7 @@ fn a_mapping_that_outlives_a_crash_is_followed_after_the_replay() {
     rt.block_on(async {
         let fs = mount(&store, wcfg(&cache, Duration::ZERO));
         assert_eq!(fs.start().await.unwrap(), 1);
-        assert_eq!(fs.drain(false).await, 0);
-        assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
-        bytes[..4].copy_from_slice(b"two ");
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(fs.drain(false).await, 0);
-        assert_eq!(
-            &store.object_bytes("f").unwrap()[..4],
-            b"two ",
-            "a store through the mapping after the replay's upload"
-        );
-        unmap(bytes);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let wb = fs.write.as_ref().unwrap();
-        assert!(wb.item("f").is_none(), "the item retires once unmapped");
+        followed_until_unmapped(&fs, &store, bytes).await;
     });
 }
 
@@ -519,31 +506,7 @@ async fn a_store_through_a_mapping_after_the_upload_is_uploaded_too() {
     let store = Arc::new(MemoryStore::new());
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
     let (_, bytes) = mapped_and_closed(&fs).await;
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
-            .await
-            .expect("drain ends"),
-        0
-    );
-    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
-    // After the upload: a store through the mapping, seen at the next look.
-    bytes[..4].copy_from_slice(b"two ");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
-            .await
-            .expect("drain ends"),
-        0
-    );
-    let got = store.object_bytes("f").unwrap();
-    assert_eq!((&got[..4], got.len()), (&b"two "[..], 8192));
-    unmap(bytes);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let wb = fs.write.as_ref().unwrap();
-    assert!(
-        wb.item("f").is_none(),
-        "the item retires once the mapping is gone"
-    );
+    followed_until_unmapped(&fs, &store, bytes).await;
 }
 
 /// Where the kernel cannot tell (no leases on the cache disk's file system), the processes
@@ -558,15 +521,7 @@ async fn without_leases_the_openers_mapping_is_found_in_proc() {
     wb.no_leases
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let (_, bytes) = mapped_and_closed(&fs).await;
-    assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
-    bytes[..4].copy_from_slice(b"two ");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"two ");
-    unmap(bytes);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(wb.item("f").is_none(), "the item retires once unmapped");
+    followed_until_unmapped(&fs, &store, bytes).await;
 }
 
 /// A mapping held by a process other than the one that opened the file (a child it handed
@@ -585,20 +540,7 @@ async fn a_mapping_not_the_openers_keeps_the_file_too() {
     let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
     // Process 1 opened it, and maps nothing of ours.
     let (_, bytes) = mapped_and_closed_by(&fs, 1).await;
-    assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
-    bytes[..4].copy_from_slice(b"two ");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(fs.drain(false).await, 0);
-    assert_eq!(
-        &store.object_bytes("f").unwrap()[..4],
-        b"two ",
-        "the store through the mapping is uploaded"
-    );
-    unmap(bytes);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let wb = fs.write.as_ref().unwrap();
-    assert!(wb.item("f").is_none(), "the item retires once unmapped");
+    followed_until_unmapped(&fs, &store, bytes).await;
 }
 
 /// Two releases whose halves interleave (the inode's count, then the item's): the last to
@@ -708,6 +650,39 @@ fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
             &got[..8]
         );
     }
+}
+
+/// The rest of a mapping's story once `f` is mapped (`bytes`) and closed with `one ` stored
+/// through the mapping: the upload brings `one `; a store of `two ` after it is seen at the
+/// next look and uploaded as a new version; and once unmapped, the item retires.
+async fn followed_until_unmapped(
+    fs: &Filesystem<MemoryStore>,
+    store: &MemoryStore,
+    bytes: &'static mut [u8],
+) {
+    let drained = || async {
+        tokio::time::timeout(Duration::from_secs(600), fs.drain(false))
+            .await
+            .expect("drain ends")
+    };
+    assert_eq!(drained().await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..4], b"one ");
+    bytes[..4].copy_from_slice(b"two ");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(drained().await, 0);
+    let got = store.object_bytes("f").unwrap();
+    assert_eq!(
+        (&got[..4], got.len()),
+        (&b"two "[..], 8192),
+        "the store through the mapping after the upload is uploaded"
+    );
+    unmap(bytes);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let wb = fs.write.as_ref().unwrap();
+    assert!(
+        wb.item("f").is_none(),
+        "the item retires once the mapping is gone"
+    );
 }
 
 /// A new file `f` (inode returned) opened by this process passing through, 8 KiB long, mapped
