@@ -84,12 +84,15 @@ impl PrefetchConfig {
     }
 }
 
-/// A fetch's bytes and how long the request took.
-type Fetched = (StoreResult<Bytes>, std::time::Duration);
+/// A fetch's bytes (with their CRC32C when computed as they arrived) and how long the
+/// request took.
+type Fetched = (StoreResult<(Bytes, Option<u32>)>, std::time::Duration);
 
 enum PartState {
     Pending(JoinHandle<Fetched>),
-    Ready(Bytes),
+    /// The part's bytes, and their CRC32C if it came with them: the whole-object check then
+    /// combines it instead of reading the bytes again.
+    Ready(Bytes, Option<u32>),
 }
 
 struct Part {
@@ -445,8 +448,9 @@ impl<S: ObjectStore> Reader<S> {
                     ))
                 }
             };
+            let (bytes, crc) = bytes;
             let (level, full, len) = (part.level, part.full, bytes.len() as u64);
-            part.state = PartState::Ready(bytes);
+            part.state = PartState::Ready(bytes, crc);
             let ceiling = self.ceiling();
             if let Some(now) = self.streams.record(level, full, len, elapsed, ceiling) {
                 tracing::debug!(key = %self.key, streams = now, "read streams changed");
@@ -454,7 +458,7 @@ impl<S: ObjectStore> Reader<S> {
         }
         let part = &self.parts[i];
         match &part.state {
-            PartState::Ready(b) => Ok(b.clone()),
+            PartState::Ready(b, _) => Ok(b.clone()),
             PartState::Pending(_) => Err(StoreError::new(StoreErrorKind::Other, "part not ready")),
         }
     }
@@ -470,8 +474,11 @@ impl<S: ObjectStore> Reader<S> {
                 continue;
             }
             match (&p.state, p.start == next) {
-                (PartState::Ready(b), true) => {
-                    crc = crc32c::crc32c_append(crc, b);
+                (PartState::Ready(b, part_crc), true) => {
+                    crc = match part_crc {
+                        Some(c) => crc32c::crc32c_combine(crc, *c, b.len()),
+                        None => crc32c::crc32c_append(crc, b),
+                    };
                     next = p.end;
                 }
                 _ => break,
@@ -517,7 +524,7 @@ impl<S: ObjectStore> Reader<S> {
         let start = offset - offset % self.cfg.align;
         let stop = round_up(end, self.cfg.align).min(self.size);
         self.stats.demand_fetches += 1;
-        let data = read_range(
+        let (data, _) = read_range(
             self.store.as_ref(),
             self.cache.as_ref(),
             &self.key,

@@ -444,6 +444,17 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
     generation: i64,
     range: Range<u64>,
 ) -> StoreResult<Bytes> {
+    Ok(read_range_crc(store, key, generation, range).await?.0)
+}
+
+/// [`read_range`], with the CRC32C of the bytes, computed as they arrived (see
+/// [`crate::buffer_pool::Filling::push`]) so that a whole-object check need not read them again.
+pub async fn read_range_crc<S: ObjectStore + ?Sized>(
+    store: &S,
+    key: &str,
+    generation: i64,
+    range: Range<u64>,
+) -> StoreResult<(Bytes, u32)> {
     let want = range.end.saturating_sub(range.start);
     let want_len = usize::try_from(want)
         .map_err(|_| StoreError::new(StoreErrorKind::Other, "range too large for memory"))?;
@@ -477,14 +488,15 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
                     ),
                 ));
             }
-            Ok(buf.freeze())
+            let crc = buf.crc32c();
+            Ok((buf.freeze(), crc))
         }
     })
     .await;
     match (result, request_failed.into_inner()) {
         (Err(_), Some(e)) => Err(e),
         (r, _) => {
-            if let Ok(data) = &r {
+            if let Ok((data, _)) = &r {
                 crate::metrics::fetched_bytes(data.len() as u64);
             }
             r

@@ -680,7 +680,7 @@ impl ObjectCache {
         &self,
         store: &S,
         range: Range<u64>,
-    ) -> StoreResult<Bytes> {
+    ) -> StoreResult<(Bytes, Option<u32>)> {
         let id = &self.id;
         let len = range.end.saturating_sub(range.start);
         if len > 0 && range.end <= id.size {
@@ -689,16 +689,18 @@ impl ObjectCache {
                 let base = id.block_range(blocks.start).start;
                 self.shared.counters.hit.fetch_add(len, Ordering::Relaxed);
                 crate::metrics::read_cache_hit(len);
-                return Ok(data.slice((range.start - base) as usize..(range.end - base) as usize));
+                let data = data.slice((range.start - base) as usize..(range.end - base) as usize);
+                return Ok((data, None));
             }
         }
-        let data = crate::store::read_range(store, &id.key, id.generation, range.clone()).await?;
+        let (data, crc) =
+            crate::store::read_range_crc(store, &id.key, id.generation, range.clone()).await?;
         self.shared.counters.miss.fetch_add(len, Ordering::Relaxed);
         crate::metrics::read_cache_miss(len);
         if range.end <= id.size {
             self.shared.offer(id, range.start, &data);
         }
-        Ok(data)
+        Ok((data, Some(crc)))
     }
 
     /// Discards this object's cache file: a whole read of it did not match the object's
@@ -710,16 +712,20 @@ impl ObjectCache {
 }
 
 /// The read path's one way to fetch a range: through the cache when there is one, else
-/// straight from the bucket ([`crate::store::read_range`]).
+/// straight from the bucket ([`crate::store::read_range_crc`]). With the bytes comes their
+/// CRC32C when it was computed as they arrived from the bucket; bytes read back from the
+/// cache's disk come without it.
 pub async fn read_range<S: ObjectStore + ?Sized>(
     store: &S,
     cache: Option<&ObjectCache>,
     key: &str,
     generation: i64,
     range: Range<u64>,
-) -> StoreResult<Bytes> {
+) -> StoreResult<(Bytes, Option<u32>)> {
     match cache {
         Some(c) => c.read(store, range).await,
-        None => crate::store::read_range(store, key, generation, range).await,
+        None => crate::store::read_range_crc(store, key, generation, range)
+            .await
+            .map(|(b, crc)| (b, Some(crc))),
     }
 }

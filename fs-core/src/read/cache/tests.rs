@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::*;
 use crate::read::{PrefetchConfig, ReadBudget, Reader};
 use crate::store::memory::MemoryStore;
+use crate::FsError;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -740,4 +741,69 @@ fn the_file_of_key(dir: &Path, meta: &ObjectMeta) -> PathBuf {
     dir.join(SUBDIR)
         .join("objects")
         .join(format!("{}.data", id.name()))
+}
+
+/// The whole-object CRC32C check holds when parts come from both places: those fetched from
+/// the bucket bring their CRC32C (computed as the bytes arrived), those read back from the
+/// cache's disk have theirs computed again, and the two combine. A wrong CRC32C still fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_half_from_disk_half_from_the_bucket_still_checks_the_whole_crc() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let data = pattern(3_000_000, 5);
+    store.insert("obj", data.clone());
+    let cache = open(dir.path(), 1 << 30);
+    let meta = store.head("obj").await.unwrap();
+    // The first half only, in the cache.
+    let mut r = reader_of(&store, &cache, &meta, 256 * 1024).await;
+    let mut off = 0u64;
+    while off < 1_500_000 {
+        off += r.read(off, 128 * 1024).await.unwrap().len() as u64;
+    }
+    drop(r);
+    flush(&cache);
+    let before = gets(&store);
+
+    let mut r = reader_of(&store, &cache, &meta, 256 * 1024).await;
+    let mut got = Vec::new();
+    loop {
+        let b = r.read(got.len() as u64, 128 * 1024).await.unwrap();
+        if b.is_empty() {
+            break;
+        }
+        got.extend_from_slice(&b);
+    }
+    assert!(got == data, "the mixed read returned other bytes");
+    assert!(
+        gets(&store) > before,
+        "the second half came from the bucket"
+    );
+    assert!(r.stats().crc_verified, "{:?}", r.stats());
+    drop(r);
+
+    // The same mix against a wrong CRC32C fails.
+    let mut wrong = meta.clone();
+    wrong.crc32c = wrong.crc32c.map(|c| c ^ 1);
+    let other = tempfile::tempdir().unwrap();
+    let cache = open(other.path(), 1 << 30);
+    let mut r = reader_of(&store, &cache, &wrong, 256 * 1024).await;
+    let mut off = 0u64;
+    while off < 1_500_000 {
+        off += r.read(off, 128 * 1024).await.unwrap().len() as u64;
+    }
+    drop(r);
+    flush(&cache);
+    let mut r = reader_of(&store, &cache, &wrong, 256 * 1024).await;
+    let mut off = 0u64;
+    let failed = loop {
+        match r.read(off, 128 * 1024).await {
+            Ok(b) if b.is_empty() => break false,
+            Ok(b) => off += b.len() as u64,
+            Err(e) => break matches!(e, FsError::Corrupt(_)),
+        }
+    };
+    assert!(
+        failed,
+        "a whole read against a wrong CRC32C fails as corrupt"
+    );
 }
