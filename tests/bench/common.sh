@@ -24,6 +24,18 @@ med() { [ -n "${R[$1]:-}" ] && printf '%s\n' ${R[$1]} | median; }
 # $1 ÷ $2 to two places; nothing when either is missing.
 ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a != "" && b > 0) printf "%.2f", a / b }'; }
 # CPU seconds (user and system) process $1 has used.
+# This VM hands memory that stays free back to its host (virtio-balloon free page reporting),
+# and the first touch of such a page then faults on the host: microseconds per 4 KiB page,
+# charged to whatever copy touches the page first. For a read through FUSE that is the
+# kernel's copy of each reply into fresh page cache, and it cost more than all of the
+# daemon's own work (benchmarks.md, "Memory the host took back"). Before a measured read,
+# touch and let go of WARM_GIB (6) GiB so that the pages the read takes are backed again;
+# WARM_GIB=0 measures the machine as it is.
+warm_memory() {
+  [ "${WARM_GIB:-6}" -gt 0 ] || return 0
+  python3 -c "b = bytearray(b'\\x01') * (${WARM_GIB:-6} << 30)"
+}
+
 cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 # Seconds until `dd if=SRC of=DST bs=BS [flags...]` returns (its close included), from the same
 # start every time: nothing dirty, and only the source in the page cache (these machines

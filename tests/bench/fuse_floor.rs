@@ -12,6 +12,10 @@
 //!
 //! `FLOOR_PATTERN_MIB` (16 unless set) is how much memory the bytes repeat from: 16 MiB stays
 //! in the CPU's caches, a pattern as big as the file does not (as bytes fetched ahead do not).
+//! Three knobs make it more like bucketdrive, one at a time, to see what each costs:
+//! `FLOOR_STAGED=1` (replies from parts another thread fills ahead, see [`Staged`]),
+//! `FLOOR_BG=N` (N background requests, as bucketdrive's `MAX_BACKGROUND`) and `FLOOR_WBC=1`
+//! (the kernel's write-back cache, which bucketdrive's default mounts ask for).
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -155,6 +159,16 @@ impl Filesystem for Floor {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(max) = config.set_max_readahead(1 << 20) {
             let _ = config.set_max_readahead(max);
+        }
+        if let Some(v) = std::env::var("FLOOR_BG")
+            .ok()
+            .and_then(|v| v.parse::<u16>().ok())
+        {
+            let _ = config.set_max_background(v);
+            let _ = config.set_congestion_threshold(v * 3 / 4);
+        }
+        if std::env::var_os("FLOOR_WBC").is_some() {
+            let _ = config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE);
         }
         Ok(())
     }

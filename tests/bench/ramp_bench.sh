@@ -10,7 +10,8 @@
 # fake-gcs-server (filesystem backend) behind tests/proxy (link-proxy: RATE per connection,
 # LATENCY per request); a fresh root mount per read, no read cache; every read's bytes are
 # checked (cmp against the source). The stream levels each default read went through are printed from the
-# daemon's log. Needs root and /dev/fuse.
+# daemon's log. Every read is preceded by warm_memory (tests/bench/common.sh; WARM_GIB=0 skips
+# it). Needs root and /dev/fuse.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
@@ -44,6 +45,7 @@ start_proxy --rate "$RATE" --latency "$LATENCY"
 PART=$((8 * 1024 * 1024))
 raw32() {
   local s e
+  warm_memory
   s=$(now)
   seq 0 $(((SIZE + PART - 1) / PART - 1)) | xargs -P 32 -I{} bash -c \
     'curl -sf -o /dev/null -r $(({} * '"$PART"'))-$(({} * '"$PART"' + '"$PART"' - 1)) "'"http://$PROXY/storage/v1/b/bench/o/big?alt=media"'"'
@@ -58,6 +60,7 @@ bd_read() {
   # Debug lines of the prefetcher alone: its stream level changes, a few per read.
   RUST_LOG=info,fs_core::read::prefetch=debug "$bin" mount bench "$MNT" --endpoint "http://$PROXY" \
     --anonymous --cache-dir "$WORK/cache" --log-file "$WORK/bd.log" "$@"
+  warm_memory
   s=$(now)
   # Checked against the source byte for byte as it is read (cmp costs far less CPU than a
   # hash, which would share the two cores with the daemon).
@@ -75,6 +78,7 @@ eight() {
   local bin=$1 s e pids=() ok=1 pid hwm
   "$bin" mount bench "$MNT" --endpoint "http://$PROXY" --anonymous --cache-dir "$WORK/cache"
   pid=$(pgrep -f "mount bench $MNT" | head -n 1)
+  warm_memory
   s=$(now)
   for i in $(seq 0 $((READERS - 1))); do
     (dd if="$MNT/r$i" bs=1M status=none | cmp -s - "$WORK/r$i") & pids+=($!)

@@ -11,6 +11,7 @@
 #   PERF_DATA=<file> ...                                   # keeps perf.data there
 #   RCLONE=1 ...                                           # rclone mount beside it, same read
 # Beside it, the same reader on a local file of the same bytes, from a cold page cache.
+# Every measured read is preceded by warm_memory (tests/bench/common.sh; WARM_GIB=0 skips it).
 #
 # Release build (symbols are kept), the emulator (filesystem backend) on loopback, no link
 # shaping, no read cache: every byte comes over HTTP. The bytes read are checked (sha256).
@@ -58,7 +59,7 @@ put_object bench big "$WORK/src"
 "${ENDPOINT_ENV[@]}" "$BD" mount bench "$MNT" --endpoint "$ENDPOINT" --anonymous --cache-dir "$WORK/cache" \
   --log-file "$WORK/bd.log" "$@"
 PID=$(pgrep -f "bucketdrive mount bench $MNT" | head -n 1)
-sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1
+sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1; warm_memory
 perf record -q -e cpu-clock -g -p "$PID" -o "$WORK/perf.data" -- sleep 600 &
 PERF=$!
 sleep 0.5
@@ -80,7 +81,7 @@ echo "read $SIZE_MIB MiB with ${READER:-dd} over $(case "${TLS:-0}" in 1) echo H
 # The same reader on a local file of the same bytes, from the same cold start (nothing in the
 # page cache): what the read would take if the object were a file on this disk.
 mkdir -p "$WORK/local"; ln -f "$WORK/src" "$WORK/local/big"
-rm -f "$WORK/copy"; sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1
+rm -f "$WORK/copy"; sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1; warm_memory
 ls=$(now); read_big "$WORK/local"; le=$(now)
 echo "the same read of a local file: $(mbps $((SIZE_MIB * 1048576)) "$ls" "$le") MB/s;" \
   "bucketdrive ÷ local: $(awk -v a="$s" -v b="$e" -v c="$ls" -v d="$le" 'BEGIN { printf "%.2f", (d - c) / (b - a) }')"
@@ -97,7 +98,7 @@ floor_read() {  # prints "MB/s CPU-s-per-GiB"
   for _ in $(seq 100); do mountpoint -q "$WORK/floor" && break; sleep 0.1; done
   # bucketdrive's default kernel read-ahead (--kernel-read-ahead 4MiB).
   echo 4096 > "/sys/class/bdi/$(mountpoint -d "$WORK/floor")/read_ahead_kb"
-  echo 3 > /proc/sys/vm/drop_caches; rm -f "$WORK/copy"; sleep 1
+  echo 3 > /proc/sys/vm/drop_caches; rm -f "$WORK/copy"; sleep 1; warm_memory
   local f0 f1 fs fe
   f0=$(cpu_s "$floor"); fs=$(now)
   read_big "$WORK/floor"
@@ -130,7 +131,7 @@ if [ "${RCLONE:-0}" = 1 ]; then
     --gcs-anonymous --daemon 2>"$WORK/rclone.log"
   for _ in $(seq 100); do mountpoint -q "$MNT" && break; sleep 0.1; done
   RPID=$(pgrep -f "rclone mount :gcs:bench $MNT" | head -n 1)
-  echo 3 > /proc/sys/vm/drop_caches; rm -f "$WORK/copy"; sleep 1
+  echo 3 > /proc/sys/vm/drop_caches; rm -f "$WORK/copy"; sleep 1; warm_memory
   r0=$(cpu_s "$RPID"); rs=$(now)
   read_big "$MNT"
   re=$(now); r1=$(cpu_s "$RPID")
