@@ -93,7 +93,7 @@ impl BufferPool {
             buf: self.take(len),
             want: len,
             len: 0,
-            crc: 0,
+            crc: None,
             pool: Arc::downgrade(self),
         }
     }
@@ -175,8 +175,9 @@ pub struct Filling {
     want: usize,
     /// How many it holds: the front of `buf`.
     len: usize,
-    /// CRC32C of the bytes it holds, carried on as each piece goes in.
-    crc: u32,
+    /// CRC32C of the bytes it holds, carried on as each piece goes in, if asked for
+    /// ([`Filling::with_crc32c`]).
+    crc: Option<u32>,
     pool: Weak<BufferPool>,
 }
 
@@ -194,13 +195,22 @@ impl Filling {
         }
         let dst = &mut self.buf[self.len..end];
         dst.copy_from_slice(data);
-        self.crc = crc32c::crc32c_append(self.crc, dst);
+        if let Some(crc) = &mut self.crc {
+            *crc = crc32c::crc32c_append(*crc, dst);
+        }
         self.len = end;
         true
     }
 
-    /// CRC32C of the bytes pushed so far.
-    pub fn crc32c(&self) -> u32 {
+    /// Has [`Filling::push`] carry the CRC32C of what is pushed from now on (call it before
+    /// the first push): only when something will check it, as a pass costs CPU.
+    pub fn with_crc32c(mut self) -> Self {
+        self.crc = Some(0);
+        self
+    }
+
+    /// CRC32C of the bytes pushed so far, if asked for.
+    pub fn crc32c(&self) -> Option<u32> {
         self.crc
     }
 
@@ -355,7 +365,7 @@ mod tests {
         let old = pool.copy_of(&[0xAB; 50_000]);
         drop(old);
         assert_eq!(pool.held(), 50_000);
-        let mut f = pool.filling(40_000);
+        let mut f = pool.filling(40_000).with_crc32c();
         assert_eq!(pool.held(), 0, "the free buffer is reused");
         assert!(f.is_empty());
         let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
@@ -365,7 +375,7 @@ mod tests {
         assert_eq!(f.len(), 40_000);
         assert_eq!(
             f.crc32c(),
-            crc32c::crc32c(&data),
+            Some(crc32c::crc32c(&data)),
             "the CRC32C of every piece pushed"
         );
         let b = f.freeze();
@@ -374,6 +384,7 @@ mod tests {
         assert_eq!(pool.held(), 50_000, "back once the bytes are dropped");
         let mut unfinished = pool.filling(30_000);
         assert!(unfinished.push(&data[..10]));
+        assert_eq!(unfinished.crc32c(), None, "no CRC32C unless asked for");
         drop(unfinished);
         assert_eq!(
             pool.held(),

@@ -295,7 +295,8 @@ impl<S: ObjectStore> Reader<S> {
         self.next_fetch = start;
         self.grown_to = start;
         self.streak = 0;
-        self.crc = (start == 0).then_some((0, 0));
+        // Only a window from the first byte of an object that has a CRC32C can be checked.
+        self.crc = (start == 0 && self.object_crc.is_some()).then_some((0, 0));
     }
 
     /// Starts parts until the window is full, the concurrency limit is reached, or the budget
@@ -337,10 +338,19 @@ impl<S: ObjectStore> Reader<S> {
         let key = self.key.clone();
         let generation = self.generation;
         let cache = self.cache.clone();
+        // Each part's CRC32C as its bytes arrive, only while the whole-object check runs.
+        let crc = self.crc.is_some();
         let handle = tokio::spawn(async move {
             let began = tokio::time::Instant::now();
-            let got =
-                read_range(store.as_ref(), cache.as_ref(), &key, generation, start..end).await;
+            let got = read_range(
+                store.as_ref(),
+                cache.as_ref(),
+                &key,
+                generation,
+                start..end,
+                crc,
+            )
+            .await;
             (got, began.elapsed())
         });
         self.parts.push_back(Part {
@@ -530,6 +540,7 @@ impl<S: ObjectStore> Reader<S> {
             &self.key,
             self.generation,
             start..stop,
+            false,
         )
         .await
         .map_err(|e| self.map_err(e))?;

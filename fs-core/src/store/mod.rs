@@ -444,17 +444,20 @@ pub async fn read_range<S: ObjectStore + ?Sized>(
     generation: i64,
     range: Range<u64>,
 ) -> StoreResult<Bytes> {
-    Ok(read_range_crc(store, key, generation, range).await?.0)
+    Ok(read_range_crc(store, key, generation, range, false)
+        .await?
+        .0)
 }
 
-/// [`read_range`], with the CRC32C of the bytes, computed as they arrived (see
+/// [`read_range`], and with `crc` the CRC32C of the bytes, computed as they arrived (see
 /// [`crate::buffer_pool::Filling::push`]) so that a whole-object check need not read them again.
 pub async fn read_range_crc<S: ObjectStore + ?Sized>(
     store: &S,
     key: &str,
     generation: i64,
     range: Range<u64>,
-) -> StoreResult<(Bytes, u32)> {
+    crc: bool,
+) -> StoreResult<(Bytes, Option<u32>)> {
     let want = range.end.saturating_sub(range.start);
     let want_len = usize::try_from(want)
         .map_err(|_| StoreError::new(StoreErrorKind::Other, "range too large for memory"))?;
@@ -471,6 +474,9 @@ pub async fn read_range_crc<S: ObjectStore + ?Sized>(
                 }
             };
             let mut buf = read_buffers().filling(want_len);
+            if crc {
+                buf = buf.with_crc32c();
+            }
             while let Some(chunk) = stream.next().await {
                 if !buf.push(&chunk?) {
                     return Err(StoreError::new(

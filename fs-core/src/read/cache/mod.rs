@@ -680,6 +680,7 @@ impl ObjectCache {
         &self,
         store: &S,
         range: Range<u64>,
+        crc: bool,
     ) -> StoreResult<(Bytes, Option<u32>)> {
         let id = &self.id;
         let len = range.end.saturating_sub(range.start);
@@ -694,13 +695,13 @@ impl ObjectCache {
             }
         }
         let (data, crc) =
-            crate::store::read_range_crc(store, &id.key, id.generation, range.clone()).await?;
+            crate::store::read_range_crc(store, &id.key, id.generation, range.clone(), crc).await?;
         self.shared.counters.miss.fetch_add(len, Ordering::Relaxed);
         crate::metrics::read_cache_miss(len);
         if range.end <= id.size {
             self.shared.offer(id, range.start, &data);
         }
-        Ok((data, Some(crc)))
+        Ok((data, crc))
     }
 
     /// Discards this object's cache file: a whole read of it did not match the object's
@@ -712,20 +713,19 @@ impl ObjectCache {
 }
 
 /// The read path's one way to fetch a range: through the cache when there is one, else
-/// straight from the bucket ([`crate::store::read_range_crc`]). With the bytes comes their
-/// CRC32C when it was computed as they arrived from the bucket; bytes read back from the
-/// cache's disk come without it.
+/// straight from the bucket ([`crate::store::read_range_crc`]). With `crc`, the bytes come
+/// with their CRC32C when it was computed as they arrived from the bucket; bytes read back
+/// from the cache's disk come without it.
 pub async fn read_range<S: ObjectStore + ?Sized>(
     store: &S,
     cache: Option<&ObjectCache>,
     key: &str,
     generation: i64,
     range: Range<u64>,
+    crc: bool,
 ) -> StoreResult<(Bytes, Option<u32>)> {
     match cache {
-        Some(c) => c.read(store, range).await,
-        None => crate::store::read_range_crc(store, key, generation, range)
-            .await
-            .map(|(b, crc)| (b, Some(crc))),
+        Some(c) => c.read(store, range, crc).await,
+        None => crate::store::read_range_crc(store, key, generation, range, crc).await,
     }
 }

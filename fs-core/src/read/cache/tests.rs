@@ -778,6 +778,10 @@ async fn a_read_half_from_disk_half_from_the_bucket_still_checks_the_whole_crc()
         gets(&store) > before,
         "the second half came from the bucket"
     );
+    assert!(
+        cache.stats().hit_bytes > 0,
+        "the first half came from the disk"
+    );
     assert!(r.stats().crc_verified, "{:?}", r.stats());
     drop(r);
 
