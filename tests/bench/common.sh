@@ -39,11 +39,12 @@ warm_memory() {
 cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 # Seconds until `dd if=SRC of=DST bs=BS [flags...]` returns (its close included), from the same
 # start every time: nothing dirty, and only the source in the page cache (these machines
-# throttle writes once their page cache fills, whichever file filled it). Needs root.
+# throttle writes once their page cache fills, whichever file filled it), and memory warmed
+# (warm_memory above). Needs root.
 timed_dd() {
   local src=$1 dst=$2 bs=$3 s e
   shift 3
-  sync; echo 1 > /proc/sys/vm/drop_caches; cat "$src" > /dev/null; sleep 1
+  sync; echo 1 > /proc/sys/vm/drop_caches; cat "$src" > /dev/null; sleep 1; warm_memory
   s=$(now); dd if="$src" of="$dst" bs="$bs" status=none "$@"; e=$(now)
   awk -v s="$s" -v e="$e" 'BEGIN { printf "%.3f", e - s }'
 }
