@@ -157,6 +157,22 @@ pub struct Reader<S: ObjectStore> {
     stats: ReaderStats,
 }
 
+/// The running CRC32C `(next, crc)` over the object's bytes `0..next`, carried over `bytes`
+/// (the object's bytes from `start`, with their own CRC32C if it was computed as they
+/// arrived) where they reach past `next`. Bytes starting after `next` leave it as it is.
+fn fold_into(run: (u64, u32), start: u64, bytes: &[u8], bytes_crc: Option<u32>) -> (u64, u32) {
+    let (next, crc) = run;
+    let end = start + bytes.len() as u64;
+    if start > next || end <= next {
+        return run;
+    }
+    let crc = match bytes_crc {
+        Some(c) if start == next => crc32c::crc32c_combine(crc, c, bytes.len()),
+        _ => crc32c::crc32c_append(crc, &bytes[(next - start) as usize..]),
+    };
+    (end, crc)
+}
+
 impl<S: ObjectStore> Reader<S> {
     pub fn new(store: Arc<S>, meta: &ObjectMeta, budget: ReadBudget, cfg: PrefetchConfig) -> Self {
         Reader {
@@ -283,7 +299,6 @@ impl<S: ObjectStore> Reader<S> {
             self.stats.window_resets += 1;
         }
         self.parts.clear();
-        self.crc = None;
         self.window = self.cfg.initial_window;
         self.streaming = None;
     }
@@ -295,8 +310,13 @@ impl<S: ObjectStore> Reader<S> {
         self.next_fetch = start;
         self.grown_to = start;
         self.streak = 0;
-        // Only a window from the first byte of an object that has a CRC32C can be checked.
-        self.crc = (start == 0 && self.object_crc.is_some()).then_some((0, 0));
+        // The whole-object check goes on when the new window starts within the bytes it has
+        // covered (a window the budget refused, then granted again); else it can start only
+        // from the first byte of an object that has a CRC32C.
+        self.crc = match self.crc {
+            Some(run) if start <= run.0 => Some(run),
+            _ => (start == 0 && self.object_crc.is_some()).then_some((0, 0)),
+        };
     }
 
     /// Starts parts until the window is full, the concurrency limit is reached, or the budget
@@ -474,27 +494,43 @@ impl<S: ObjectStore> Reader<S> {
     }
 
     /// Folds finished parts into the running CRC, in offset order, and checks the whole-object
-    /// CRC once the window has covered the object from its first byte to its last.
+    /// CRC once the reads have covered the object from its first byte to its last.
     fn fold_crc(&mut self) -> FsResult<()> {
-        let Some((mut next, mut crc)) = self.crc else {
+        let Some(mut run) = self.crc else {
             return Ok(());
         };
         for p in &self.parts {
-            if p.end <= next {
+            if p.end <= run.0 {
                 continue;
             }
-            match (&p.state, p.start == next) {
-                (PartState::Ready(b, part_crc), true) => {
-                    crc = match part_crc {
-                        Some(c) => crc32c::crc32c_combine(crc, *c, b.len()),
-                        None => crc32c::crc32c_append(crc, b),
-                    };
-                    next = p.end;
+            match &p.state {
+                PartState::Ready(b, part_crc) if p.start <= run.0 => {
+                    run = fold_into(run, p.start, b, *part_crc);
                 }
                 _ => break,
             }
         }
-        self.crc = Some((next, crc));
+        self.crc = Some(run);
+        self.check_crc()
+    }
+
+    /// Folds a demand-fetched block (the object's bytes from `start`) into the running CRC
+    /// where it continues it: a reader the budget refused a window keeps its check going.
+    fn fold_block(&mut self, start: u64, bytes: &Bytes, block_crc: Option<u32>) -> FsResult<()> {
+        let Some(run) = self.crc else {
+            return Ok(());
+        };
+        if start <= run.0 {
+            self.crc = Some(fold_into(run, start, bytes, block_crc));
+        }
+        self.check_crc()
+    }
+
+    /// Checks the whole-object CRC once the running one has reached the object's last byte.
+    fn check_crc(&mut self) -> FsResult<()> {
+        let Some((next, crc)) = self.crc else {
+            return Ok(());
+        };
         if next == self.size {
             self.crc = None;
             if let Some(want) = self.object_crc {
@@ -534,16 +570,19 @@ impl<S: ObjectStore> Reader<S> {
         let start = offset - offset % self.cfg.align;
         let stop = round_up(end, self.cfg.align).min(self.size);
         self.stats.demand_fetches += 1;
-        let (data, _) = read_range(
+        // Its CRC32C as the bytes arrive when the block continues the whole-object check.
+        let want_crc = self.crc.is_some_and(|(next, _)| next == start);
+        let (data, crc) = read_range(
             self.store.as_ref(),
             self.cache.as_ref(),
             &self.key,
             self.generation,
             start..stop,
-            false,
+            want_crc,
         )
         .await
         .map_err(|e| self.map_err(e))?;
+        self.fold_block(start, &data, crc)?;
         let out = data.slice((offset - start) as usize..(end - start) as usize);
         self.block = Some((start, data));
         Ok(out)

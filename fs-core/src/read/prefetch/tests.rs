@@ -392,3 +392,51 @@ async fn one_reader_starts_at_16_and_eight_at_once_keep_8_each() {
         "eight readers at once keep 8 streams each: {peaks:?}"
     );
 }
+
+/// A reader the budget refuses a part mid-read goes on with demand fetches, then with a window
+/// again: the whole-object CRC32C check goes on through both (before,
+/// it stopped silently at the refusal), and still catches bytes that do not match.
+#[tokio::test]
+async fn the_whole_object_check_goes_on_through_a_window_the_budget_refused() {
+    for wrong_crc in [false, true] {
+        let store = Arc::new(MemoryStore::new());
+        let data = pattern(1_000_000, 7);
+        store.insert("obj", data.clone());
+        let mut meta = store.head("obj").await.unwrap();
+        if wrong_crc {
+            meta.crc32c = meta.crc32c.map(|c| c ^ 1);
+        }
+        // Two parts: the window keeps parts up to `slack` behind the reader, so it runs out
+        // of budget every so often and reads on demand until it may start again.
+        let budget = ReadBudget::new(2 * small_cfg().part_size);
+        let mut r = Reader::new(store.clone(), &meta, budget.clone(), small_cfg());
+        let mut got = Vec::new();
+        let mut failed = None;
+        let mut off = 0u64;
+        while off < data.len() as u64 {
+            match r.read(off, 32 * 1024).await {
+                Ok(b) => {
+                    off += b.len() as u64;
+                    got.extend_from_slice(&b);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let s = r.stats();
+        assert!(s.demand_fetches > 0, "the budget refused the window: {s:?}");
+        assert!(s.window_resets > 0, "{s:?}");
+        if wrong_crc {
+            assert!(
+                matches!(failed, Some(FsError::Corrupt(_))),
+                "a wrong CRC is caught: {failed:?}, {s:?}"
+            );
+        } else {
+            assert!(failed.is_none(), "{failed:?}");
+            assert_eq!(got, data);
+            assert!(s.crc_verified, "the check ran to the end: {s:?}");
+        }
+    }
+}
