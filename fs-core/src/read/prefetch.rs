@@ -358,8 +358,10 @@ impl<S: ObjectStore> Reader<S> {
         let key = self.key.clone();
         let generation = self.generation;
         let cache = self.cache.clone();
-        // Each part's CRC32C as its bytes arrive, only while the whole-object check runs.
-        let crc = self.crc.is_some();
+        // Each part's CRC32C as its bytes arrive, only while the whole-object check runs and
+        // only for a part it will take whole (one starting before the bytes it covers, after
+        // a window started within them, has only its tail hashed, in `fold_into`).
+        let crc = self.crc.is_some_and(|(next, _)| start >= next);
         let handle = tokio::spawn(async move {
             let began = tokio::time::Instant::now();
             let got = read_range(
