@@ -740,19 +740,37 @@ impl<S: ObjectStore> Filesystem<S> {
             let (_, _, e) = failed.swap_remove(0);
             return Err(e);
         }
-        let deletes: Vec<_> = objects.iter().map(|o| self.delete_checked(o)).collect();
-        let deleted: Vec<FsResult<bool>> = futures::stream::iter(deletes)
-            .buffer_unordered(RENAME_PARALLEL)
-            .collect()
-            .await;
-        if let Some(e) = deleted.into_iter().find_map(Result::err) {
-            // Past the point of no return: some objects are under each name. A delete that
-            // failed is never followed by taking the copies back: it may still land (a request
-            // timed out on our side can run on the server later), and then the copies would be
-            // all that is left.
-            self.ns.forget_outcome(from);
-            self.ns.forget_outcome(to);
-            return Err(e);
+        // Past the point of no return: every object has its copy, so the move is finished
+        // rather than left half done. A delete that still fails for a busy bucket after its
+        // retries is tried again, in up to FINISH_ROUNDS more rounds a while apart.
+        let mut left: Vec<&ObjectMeta> = objects.iter().collect();
+        let mut round = 0;
+        while !left.is_empty() {
+            let deletes: Vec<_> = left
+                .iter()
+                .map(|o| async move { (*o, self.delete_checked(o).await) })
+                .collect();
+            let failed: Vec<(&ObjectMeta, FsError)> = futures::stream::iter(deletes)
+                .buffer_unordered(RENAME_PARALLEL)
+                .filter_map(|(o, r)| async move { r.err().map(|e| (o, e)) })
+                .collect()
+                .await;
+            let busy = failed.iter().all(|(_, e)| matches!(e, FsError::Busy(_)));
+            if let Some((_, e)) = failed.first().filter(|_| !busy || round == FINISH_ROUNDS) {
+                // Some objects are under each name. A delete that failed is never followed
+                // by taking the copies back: it may still land (a request timed out on our
+                // side can run on the server later), and then the copies would be all that
+                // is left.
+                self.ns.forget_outcome(from);
+                self.ns.forget_outcome(to);
+                return Err(e.clone());
+            }
+            if !failed.is_empty() {
+                round += 1;
+                tracing::warn!(from, to, left = failed.len(), round, "a directory rename's deletes failed after every copy landed; trying them again to finish the move");
+                tokio::time::sleep(FINISH_PAUSE * round).await;
+            }
+            left = failed.into_iter().map(|(o, _)| o).collect();
         }
         for meta in copied.values() {
             self.ns.note_own(meta);
@@ -873,3 +891,11 @@ fn is_copy_of(m: &ObjectMeta, src: &ObjectMeta) -> bool {
         && m.crc32c == src.crc32c
         && (m.size > 0 || m.metadata.get(WRITER_KEY) == src.metadata.get(WRITER_KEY))
 }
+
+/// Rounds of deletes a directory rename tries past its point of no return (every copy landed)
+/// after the first, while the bucket answers that it is busy: each a full run of retries, so a
+/// short outage does not leave the directory's objects under both names.
+const FINISH_ROUNDS: u32 = 3;
+
+/// The pause before the next such round, times the round's number.
+const FINISH_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);

@@ -312,6 +312,35 @@ async fn race_two_directory_renames(first: &str, fail: (&'static str, &str)) {
     );
 }
 
+/// A directory rename whose delete fails after every copy landed (the bucket busy beyond one
+/// request's retries) finishes the move in a later round, and succeeds: the directory is
+/// wholly at its new name, nothing of it left under the old one (before, the rename failed
+/// with the marker and the file under both names).
+#[tokio::test]
+async fn a_directory_rename_finishes_its_deletes_after_a_busy_spell() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("d/", &b""[..]);
+    store.insert("d/x", &b"x bytes"[..]);
+    let m1 = renaming_d_to_e(&store, dir.path()).await;
+    store.fail_next_on("delete", "d/");
+    m1.rename(ROOT_INO, "d", ROOT_INO, "e").await.unwrap();
+    assert_eq!(
+        objects_like(&store, ""),
+        vec![
+            ("e/".to_string(), Vec::new()),
+            ("e/x".to_string(), b"x bytes".to_vec()),
+        ],
+    );
+    assert!(matches!(
+        m1.lookup(ROOT_INO, "d").await,
+        Err(FsError::NotFound)
+    ));
+    let e = m1.lookup(ROOT_INO, "e").await.unwrap();
+    let x = m1.lookup(e.ino, "x").await.unwrap();
+    assert_eq!(super::tests::read_all(&m1, x.ino).await, b"x bytes");
+}
+
 /// Ours fails at `d/y`, after meeting the other's identical copy of `d/x`: that copy is not
 /// this rename's to take back, as the other machine deletes the source next, and the copy is
 /// then the only one left. (Ours went beside it as a conflict copy, and that is taken back.)
