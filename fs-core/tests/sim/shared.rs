@@ -1678,6 +1678,18 @@ impl Sim {
             fs.rename(ROOT_INO, from, ROOT_INO, to).await
         });
         self.bucket.moving = None;
+        // Who touched each name under the directory follows it to the new name, as for a file
+        // rename: a conflict copy the rename moved was made for its name under the old prefix,
+        // and a file of this mount's that lives at that copy (it went beside another writer's
+        // change) is saved there again as an update of it, not as a new conflict.
+        let carried: Vec<(String, BTreeSet<Party>)> = (self.bucket.touched)
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, t)| (format!("{to}/{}", &k[prefix.len()..]), t.clone()))
+            .collect();
+        for (k, t) in carried {
+            self.bucket.touched.entry(k).or_default().extend(t);
+        }
         let r = r?;
         for (_, _, id) in &moved {
             self.maybe(m, *id);
