@@ -742,21 +742,35 @@ impl<S: ObjectStore> Filesystem<S> {
         }
         // Past the point of no return: every object has its copy, so the move is finished
         // rather than left half done. A delete that still fails for a busy bucket after its
-        // retries is tried again, in up to FINISH_ROUNDS more rounds a while apart.
+        // retries is tried again, in up to FINISH_ROUNDS more rounds a while apart, each
+        // request of those with one retry only (a bucket still down then fails the rename
+        // in seconds more, not in as many full runs of retries).
         let mut left: Vec<&ObjectMeta> = objects.iter().collect();
         let mut round = 0;
         while !left.is_empty() {
             let deletes: Vec<_> = left
                 .iter()
-                .map(|o| async move { (*o, self.delete_checked(o).await) })
+                .map(|o| async move {
+                    let delete = self.delete_checked(o);
+                    let r = if round == 0 {
+                        delete.await
+                    } else {
+                        crate::store::retry::with_fallback(delete).await
+                    };
+                    (*o, r)
+                })
                 .collect();
             let failed: Vec<(&ObjectMeta, FsError)> = futures::stream::iter(deletes)
                 .buffer_unordered(RENAME_PARALLEL)
                 .filter_map(|(o, r)| async move { r.err().map(|e| (o, e)) })
                 .collect()
                 .await;
-            let busy = failed.iter().all(|(_, e)| matches!(e, FsError::Busy(_)));
-            if let Some((_, e)) = failed.first().filter(|_| !busy || round == FINISH_ROUNDS) {
+            // The error told is one that made the rename stop: one not of a busy bucket if
+            // there is one.
+            let stop = (failed.iter())
+                .find(|(_, e)| !matches!(e, FsError::Busy(_)))
+                .or(failed.first().filter(|_| round == FINISH_ROUNDS));
+            if let Some((_, e)) = stop {
                 // Some objects are under each name. A delete that failed is never followed
                 // by taking the copies back: it may still land (a request timed out on our
                 // side can run on the server later), and then the copies would be all that
