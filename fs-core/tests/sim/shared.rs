@@ -519,15 +519,22 @@ fn check_new(
                 base.strip_prefix(mv.to.as_str())
                     .map(|r| format!("{}{r}", mv.from))
             });
-        let others = [Some(base.to_string()), old_name]
-            .into_iter()
-            .flatten()
-            .any(|b| {
-                bucket
-                    .touched
-                    .get(&b)
-                    .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)))
-            });
+        // An update of a conflict copy this mount made before, under this very name: its file
+        // went beside another writer's change and lives at the copy (which a directory rename
+        // may have moved since). That conflict was checked when the copy was first made.
+        let updates_own = (bucket.gens)
+            .range((key.to_string(), i64::MIN)..(key.to_string(), g))
+            .any(|(_, gen)| gen.owner == Party::Mount(m));
+        let others = updates_own
+            || [Some(base.to_string()), old_name]
+                .into_iter()
+                .flatten()
+                .any(|b| {
+                    bucket
+                        .touched
+                        .get(&b)
+                        .is_some_and(|t| t.iter().any(|p| *p != Party::Mount(m)))
+                });
         if !others {
             return Some(violation(
                 "I4",
@@ -1678,18 +1685,6 @@ impl Sim {
             fs.rename(ROOT_INO, from, ROOT_INO, to).await
         });
         self.bucket.moving = None;
-        // Who touched each name under the directory follows it to the new name, as for a file
-        // rename: a conflict copy the rename moved was made for its name under the old prefix,
-        // and a file of this mount's that lives at that copy (it went beside another writer's
-        // change) is saved there again as an update of it, not as a new conflict.
-        let carried: Vec<(String, BTreeSet<Party>)> = (self.bucket.touched)
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .map(|(k, t)| (format!("{to}/{}", &k[prefix.len()..]), t.clone()))
-            .collect();
-        for (k, t) in carried {
-            self.bucket.touched.entry(k).or_default().extend(t);
-        }
         let r = r?;
         for (_, _, id) in &moved {
             self.maybe(m, *id);
