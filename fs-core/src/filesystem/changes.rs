@@ -907,8 +907,8 @@ fn is_copy_of(m: &ObjectMeta, src: &ObjectMeta) -> bool {
 }
 
 /// Rounds of deletes a directory rename tries past its point of no return (every copy landed)
-/// after the first, while the bucket answers that it is busy: each a full run of retries, so a
-/// short outage does not leave the directory's objects under both names.
+/// after the first, while the bucket answers that it is busy (each request in them retried
+/// once), so a short outage does not leave the directory's objects under both names.
 const FINISH_ROUNDS: u32 = 3;
 
 /// The pause before the next such round, times the round's number.

@@ -518,13 +518,8 @@ impl<S: ObjectStore> Reader<S> {
 
     /// Folds a demand-fetched block (the object's bytes from `start`) into the running CRC
     /// where it continues it: a reader the budget refused a window keeps its check going.
-    fn fold_block(&mut self, start: u64, bytes: &Bytes, block_crc: Option<u32>) -> FsResult<()> {
-        let Some(run) = self.crc else {
-            return Ok(());
-        };
-        if start <= run.0 {
-            self.crc = Some(fold_into(run, start, bytes, block_crc));
-        }
+    fn fold_block(&mut self, start: u64, bytes: &[u8], block_crc: Option<u32>) -> FsResult<()> {
+        self.crc = self.crc.map(|run| fold_into(run, start, bytes, block_crc));
         self.check_crc()
     }
 
