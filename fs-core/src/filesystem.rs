@@ -470,7 +470,6 @@ impl<S: ObjectStore> Filesystem<S> {
         status
     }
 
-    /// Number of open file handles.
     /// What a power cut now may lose on the cache disk (for the simulation's model of one);
     /// `None` for a read-only mount.
     #[doc(hidden)]
@@ -478,6 +477,16 @@ impl<S: ObjectStore> Filesystem<S> {
         self.write.as_ref().map(|w| w.exposure())
     }
 
+    /// Makes the next commit's sync of the staging file at `path` fail as a disk that could
+    /// not write it back would (for the simulation).
+    #[doc(hidden)]
+    pub fn fail_data_sync_of(&self, path: &std::path::Path) {
+        if let Some(w) = &self.write {
+            w.fail_data_sync_of(path);
+        }
+    }
+
+    /// Number of open file handles.
     pub fn open_files(&self) -> usize {
         self.files.lock().len()
     }

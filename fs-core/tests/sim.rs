@@ -373,6 +373,7 @@ enum Step {
     ReadGone,
     Crash,
     PowerCut,
+    DiskFailure,
     ToggleFaults,
     ToggleOffline,
     Sleep,
@@ -648,6 +649,7 @@ impl Sim {
             (1, Step::ReadGone),
             (3, Step::Crash),
             (2, Step::PowerCut),
+            (1, Step::DiskFailure),
             (2, Step::ToggleFaults),
             (w(self.params.offline_episodes, 2), Step::ToggleOffline),
             (6, Step::Sleep),
@@ -691,6 +693,7 @@ impl Sim {
                 self.op_power_cut()?;
                 true
             }
+            Step::DiskFailure => self.op_disk_failure(),
             Step::ToggleFaults => {
                 self.faults_on = !self.faults_on;
                 self.apply_faults();
@@ -1486,6 +1489,35 @@ impl Sim {
         self.incarnation += 1;
         self.mount()?;
         self.quiet(|s| s.verify_after_restart(at_crash, Some(cutoff)))
+    }
+
+    /// The cache disk fails to write back one staging file closed since the last commit: the
+    /// commit's sync of it fails, once (a later one succeeds, as Linux's does). Its bytes stay
+    /// as written (the page cache keeps them), so the model does not change: the file must
+    /// still reach the bucket exactly, its upload checking it, and the commit must go on for
+    /// the others. Files the kernel writes in place are left out: a replay takes such a file
+    /// only as it was sealed, which the model does not follow.
+    fn op_disk_failure(&mut self) -> bool {
+        let exposure = self.fs().power_cut_exposure().expect("a writable mount");
+        let files: Vec<PathBuf> = exposure
+            .files
+            .iter()
+            .map(|(p, _)| p.clone())
+            .filter(|p| {
+                !std::fs::File::open(p)
+                    .ok()
+                    .and_then(|f| file_ino(&f))
+                    .is_some_and(|ino| self.written_in_place.contains(&ino))
+            })
+            .collect();
+        if files.is_empty() {
+            return false;
+        }
+        let path = files[self.rng.gen_range(0..files.len())].clone();
+        self.fs().fail_data_sync_of(&path);
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+        self.note(format!("DISK FAILS to write back {name:?}"));
+        true
     }
 
     /// Damages the cache directory as a power cut may; says what it did.

@@ -404,3 +404,192 @@ fn a_mapping_that_outlives_a_kill_is_followed_by_the_next_mount() -> Result<()> 
     assert_eq!(sha256(&emu.get("ptx", "x.bin")?), sha256(&want));
     Ok(())
 }
+
+/// A cache disk that stops writing on command: ext4 (no journal, `errors=continue`, its own
+/// blocks all written at mkfs) on a loop device over a sparse image in a smaller tmpfs. Filling the tmpfs makes every write of a block
+/// not yet allocated in the image fail below ext4, as a thin device that ran out does: the
+/// kernel writes the pages back and gets an error, and only an `fsync` is told. Emptying it
+/// heals the disk. Torn down (unmounted, detached) when dropped.
+struct FailingDisk {
+    root: tempfile::TempDir,
+    device: String,
+}
+
+impl FailingDisk {
+    fn new() -> Result<Self> {
+        let root = tempfile::tempdir()?;
+        let (tmp, mnt) = (root.path().join("tmp"), root.path().join("mnt"));
+        std::fs::create_dir_all(&tmp)?;
+        std::fs::create_dir_all(&mnt)?;
+        run(
+            "mount",
+            &["-t", "tmpfs", "-o", "size=192m", "tmpfs", path(&tmp)?],
+        )?;
+        let mut disk = FailingDisk {
+            root,
+            device: String::new(),
+        };
+        let image = tmp.join("image");
+        // Over 1 GiB as ext4 sees it, so that files pass through (`PASSTHROUGH_ROOM`).
+        std::fs::File::create(&image)?.set_len(2 << 30)?;
+        disk.device = run("losetup", &["-f", "--show", path(&image)?])?
+            .trim()
+            .to_string();
+        run(
+            "mkfs.ext4",
+            &[
+                "-q",
+                "-F",
+                // No journal, and every bitmap and inode table written now (no
+                // uninitialised groups): what fails later is the data of files alone, not
+                // the file system's own blocks.
+                "-O",
+                "^has_journal,^metadata_csum,^uninit_bg",
+                "-E",
+                "lazy_itable_init=0",
+                &disk.device,
+            ],
+        )?;
+        run(
+            "mount",
+            &["-o", "errors=continue", &disk.device, path(&mnt)?],
+        )?;
+        Ok(disk)
+    }
+
+    fn cache(&self) -> std::path::PathBuf {
+        self.root.path().join("mnt").join("cache")
+    }
+
+    /// Fills the tmpfs under the image: writes of new blocks fail from now on.
+    fn fail(&self) -> Result<()> {
+        let filler = self.root.path().join("tmp").join("filler");
+        let mut f = std::fs::File::create(filler)?;
+        let chunk = vec![1u8; MIB];
+        while f.write_all(&chunk).is_ok() {}
+        Ok(())
+    }
+
+    fn heal(&self) -> Result<()> {
+        std::fs::remove_file(self.root.path().join("tmp").join("filler"))?;
+        Ok(())
+    }
+}
+
+impl Drop for FailingDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.root.path().join("mnt"))
+            .status();
+        if !self.device.is_empty() {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.device])
+                .status();
+        }
+        let _ = std::process::Command::new("umount")
+            .arg(self.root.path().join("tmp"))
+            .status();
+    }
+}
+
+fn path(p: &std::path::Path) -> Result<&str> {
+    p.to_str().ok_or_else(|| anyhow::anyhow!("path not UTF-8"))
+}
+
+/// Runs `cmd` with `args`; its standard output.
+fn run(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(cmd).args(args).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The cache disk fails to write back files the kernel wrote through passthrough (the
+/// writers' writes and closes succeeded: only an fsync of the staged copy is told). A file
+/// whose bytes the page cache still holds reaches the bucket exactly (its upload checks them
+/// against the CRC32C it was sealed with); one whose pages were dropped meanwhile (a read then
+/// shows what the disk holds) is not uploaded, and the bucket keeps its last whole version. Once
+/// the disk works again, the file written over whole reaches the bucket exactly.
+#[test]
+fn a_write_back_the_cache_disk_failed_is_uploaded_only_as_written() -> Result<()> {
+    let disk = FailingDisk::new()?;
+    let emu = setup("pte")?;
+    let good = random_bytes(100_000, 50);
+    emu.put("pte", "f.bin", &good)?;
+    let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+    let m = Mount::with_cache(
+        &emu,
+        "pte",
+        &disk.cache(),
+        &[
+            "--passthrough",
+            "writes",
+            "--write-back-delay",
+            "5s",
+            "--metrics-addr",
+            &addr,
+        ],
+    )?;
+    wait_for_log(&m, "and reads and writes files being written")?;
+    let failures = |m: &Mount| {
+        m.log_text()
+            .matches("could not write a staged file back")
+            .count()
+    };
+    let wait_failures = |m: &Mount, n: usize| -> Result<()> {
+        let t = std::time::Instant::now();
+        while failures(m) < n {
+            anyhow::ensure!(
+                t.elapsed().as_secs() < 20,
+                "the disk's failure was never seen:\n{}",
+                m.log_tail(20)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Ok(())
+    };
+
+    // The disk fails while a file is written and closed, and works again once the commit was
+    // told (meanwhile the journal cannot be made durable either, and every upload waits).
+    disk.fail()?;
+    let kept = random_bytes(MIB, 51);
+    bucketdrive_tests::write_and_close(&m.path().join("g.bin"), &kept)
+        .map_err(|e| anyhow::anyhow!("g.bin: {e}"))?;
+    wait_failures(&m, 1)?;
+    disk.heal()?;
+    wait_for_object(&emu, "pte", "g.bin", &sha256(&kept), 30)
+        .map_err(|e| anyhow::anyhow!("{e}:\n{}", m.log_tail(30)))?;
+
+    // The same, and the page cache lets go of the file's pages before its upload reads them.
+    disk.fail()?;
+    let lost = random_bytes(8 * MIB, 52);
+    let closed = bucketdrive_tests::write_and_close(&m.path().join("f.bin"), &lost);
+    assert_eq!(metric(&addr, OPENS)?, 2.0, "both files passed through");
+    wait_failures(&m, 2).map_err(|e| anyhow::anyhow!("{e} (close: {closed:?})"))?;
+    bucketdrive_tests::drop_page_cache().map_err(|e| anyhow::anyhow!("drop: {e}"))?;
+    disk.heal()?;
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    let now = sha256(&emu.get("pte", "f.bin")?);
+    assert!(
+        now == sha256(&good),
+        "the bucket keeps the last whole version (it has {}):\n{}",
+        if now == sha256(&lost) {
+            "the bytes written"
+        } else {
+            "other bytes"
+        },
+        m.log_tail(30)
+    );
+
+    let again = random_bytes(3 * MIB, 53);
+    bucketdrive_tests::write_and_close(&m.path().join("f.bin"), &again)
+        .map_err(|e| anyhow::anyhow!("f.bin again: {e}:\n{}", m.log_tail(30)))?;
+    wait_for_object(&emu, "pte", "f.bin", &sha256(&again), 60)?;
+    m.unmount()?;
+    assert_eq!(sha256(&emu.get("pte", "f.bin")?), sha256(&again));
+    assert_eq!(sha256(&emu.get("pte", "g.bin")?), sha256(&kept));
+    Ok(())
+}

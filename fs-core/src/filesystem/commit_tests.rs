@@ -142,3 +142,53 @@ fn a_version_a_power_cut_damaged_gives_way_to_the_one_before() {
         assert_eq!(store.object_bytes("f").unwrap(), old, "append {append}");
     }
 }
+
+/// A commit whose `fdatasync` of a file the daemon wrote fails (the disk could not write it
+/// back): with `--sync-on-close` the close fails with EIO; the version is uploaded only as its
+/// bytes arrived (its CRC32C is checked against what the upload reads), and a second commit
+/// does not take the failure back. Without `--sync-on-close` the close had already returned.
+#[tokio::test(start_paused = true)]
+async fn a_sync_the_disk_failed_fails_a_close_that_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO, true));
+    let wb = fs.write.as_ref().unwrap().clone();
+    let (attr, h) = fs.create(ROOT_INO, "f").await.unwrap();
+    fs.release(h.fh).await;
+    let h = fs.open(attr.ino, WT).await.unwrap();
+    fs.write(h.fh, 0, b"written").await.unwrap();
+    wb.fail_data_syncs(1);
+    let closed = fs.flush(h.fh).await;
+    assert!(matches!(closed, Err(FsError::Io(_))), "{closed:?}");
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"written");
+}
+
+/// A file written through the daemon whose write-back the disk failed, and whose bytes then
+/// read as the disk holds them (the page cache let go of them): its upload finds them changed
+/// since they arrived, and it is kept staged, not saved, instead of being tried again forever;
+/// the bucket keeps its last whole version.
+#[tokio::test(start_paused = true)]
+async fn a_daemon_written_file_the_disk_lost_is_kept_not_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let fs = mount(
+        &store,
+        wcfg(&dir.path().join("c"), Duration::from_secs(10), false),
+    );
+    let wb = fs.write.as_ref().unwrap().clone();
+    wb.fail_data_syncs(1);
+    write_file(&fs, "f", b"bytes written").await;
+    let staged = fs.power_cut_exposure().unwrap().files[0].0.clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(exposed(&fs), 0, "the commit went on");
+    std::fs::write(&staged, [0u8; 13]).unwrap();
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"the good object");
+    assert_eq!(wb.status().await.held_files, 1);
+    write_file(&fs, "f", b"written again").await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"written again");
+}

@@ -11,7 +11,7 @@ use crate::namespace::ROOT_INO;
 use crate::store::memory::MemoryStore;
 
 use super::passthrough::Counted;
-use super::tests::W;
+use super::tests::{W, WT};
 
 const R: OpenMode = OpenMode {
     write: false,
@@ -886,4 +886,184 @@ async fn a_watched_file_is_not_uploaded_while_a_writer_has_it_open() {
     unmap(bytes);
     assert_eq!(fs.drain(false).await, 0);
     assert_eq!(&store.object_bytes("f").unwrap()[100..112], b"half-written");
+}
+
+/// The cache disk fails to write back a file the kernel wrote, after its last release (the
+/// commit's `fdatasync` is told, once: a second sync, on a new descriptor, would succeed).
+/// While the page cache keeps what was written, the upload finds the bytes the version was
+/// sealed with and the file reaches the bucket exactly; once it shows what the disk holds
+/// instead, the file is never uploaded (not taken for a store through a mapping): the bucket
+/// keeps its last whole version, and the file is held, not saved, until written over whole.
+#[tokio::test(start_paused = true)]
+async fn a_write_back_the_disk_failed_is_uploaded_only_as_it_was_written() {
+    for lost in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        store.insert("f", b"the good object".to_vec());
+        let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::from_secs(10)));
+        let wb = fs.write.as_ref().unwrap().clone();
+        let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+        let w = fs.open(a.ino, WT).await.unwrap();
+        let file = backing(&w);
+        file.write_all_at(b"bytes written", 0).unwrap();
+        wb.fail_data_syncs(1);
+        fs.flush(w.fh).await.unwrap();
+        fs.release(w.fh).await;
+        // The commit comes (and fails) within one interval; the upload later.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(store
+            .object_bytes("f")
+            .is_some_and(|b| &b[..] == b"the good object"));
+        if lost {
+            // What a read finds once the page cache let go of the pages the disk lost.
+            file.write_all_at(&[0u8; 13], 0).unwrap();
+        }
+        assert_eq!(fs.drain(true).await, 0);
+        let status = wb.status().await;
+        if !lost {
+            assert_eq!(&store.object_bytes("f").unwrap()[..], b"bytes written");
+            assert_eq!(status.held_files, 0);
+            continue;
+        }
+        assert_eq!(
+            &store.object_bytes("f").unwrap()[..],
+            b"the good object",
+            "the object keeps its last whole version (I10)"
+        );
+        assert_eq!((status.held_files, status.uploaded_files), (1, 0));
+        // Written over whole: saved.
+        let w = fs.open(a.ino, WT).await.unwrap();
+        fs.write(w.fh, 0, b"written again").await.unwrap();
+        fs.flush(w.fh).await.unwrap();
+        fs.release(w.fh).await;
+        assert_eq!(fs.drain(false).await, 0);
+        assert_eq!(&store.object_bytes("f").unwrap()[..], b"written again");
+    }
+}
+
+/// A crash after a commit found that the disk failed to write back a file the kernel wrote,
+/// before its upload: the journal says so, and the next mount uploads the file only as it was
+/// written (its bytes checked against the CRC32C it was sealed with), never what the disk holds
+/// instead, which is set aside as damaged.
+#[test]
+fn a_replay_knows_of_a_write_back_the_disk_failed() {
+    for lost in [false, true] {
+        replay_after_a_failed_write_back(lost);
+    }
+}
+
+fn replay_after_a_failed_write_back(lost: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let file = rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+        let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+        let w = fs.open(a.ino, WT).await.unwrap();
+        let file = backing(&w);
+        file.write_all_at(b"bytes written", 0).unwrap();
+        fs.write.as_ref().unwrap().fail_data_syncs(1);
+        fs.flush(w.fh).await.unwrap();
+        fs.release(w.fh).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The crash: no drain.
+        drop(fs);
+        file
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    if lost {
+        // What the disk holds, once the page cache let go of what was written.
+        file.write_all_at(&[0u8; 13], 0).unwrap();
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        assert_eq!(fs.start().await.unwrap(), usize::from(!lost));
+        assert_eq!(fs.drain(true).await, 0);
+    });
+    if !lost {
+        assert_eq!(&store.object_bytes("f").unwrap()[..], b"bytes written");
+        return;
+    }
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"the good object");
+    let damaged = walkdir(&cache)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".damaged"))
+        .count();
+    assert_eq!(damaged, 1, "set aside as damaged");
+}
+
+/// Every file under `dir`.
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        match p.is_dir() {
+            true => out.extend(walkdir(&p)),
+            false => out.push(p),
+        }
+    }
+    out
+}
+
+/// An edit of a file the kernel wrote, whose write-back the disk failed, before its upload: the
+/// edit would copy bytes that may be what the disk holds into a new working copy, so it fails
+/// (EIO) and the file is held; written over whole, it is saved.
+#[tokio::test(start_paused = true)]
+async fn an_edit_of_a_file_the_disk_failed_waits_for_a_rewrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::from_secs(10)));
+    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let w = fs.open(a.ino, WT).await.unwrap();
+    let file = backing(&w);
+    file.write_all_at(b"bytes written", 0).unwrap();
+    fs.write.as_ref().unwrap().fail_data_syncs(1);
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // What the disk holds, once the page cache let go of what was written.
+    file.write_all_at(&[0u8; 13], 0).unwrap();
+    let e = fs.open(a.ino, W).await.unwrap();
+    assert!(matches!(e.io, KernelIo::Daemon), "a version is pending");
+    let wrote = fs.write(e.fh, 0, b"B").await;
+    assert!(matches!(wrote, Err(FsError::Io(_))), "{wrote:?}");
+    fs.release(e.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"the good object");
+    let w = fs.open(a.ino, WT).await.unwrap();
+    fs.write(w.fh, 0, b"written again").await.unwrap();
+    fs.flush(w.fh).await.unwrap();
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"written again");
+}
+
+/// A write-back the disk failed while the file was open (the engine's own descriptor is told
+/// at the close): the close fails with EIO and nothing of the file is uploaded.
+#[tokio::test(start_paused = true)]
+async fn a_write_back_the_disk_failed_while_open_fails_the_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let wb = fs.write.as_ref().unwrap().clone();
+    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let w = fs.open(a.ino, WT).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Passthrough(_)));
+    backing(&w).write_all_at(b"bytes the disk lost", 0).unwrap();
+    wb.fail_writeback_looks(1);
+    let closed = fs.flush(w.fh).await;
+    assert!(matches!(closed, Err(FsError::Io(_))), "{closed:?}");
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"the good object");
+    assert_eq!(wb.status().await.held_files, 1);
 }

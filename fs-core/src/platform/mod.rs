@@ -224,6 +224,38 @@ pub fn start_writeback(file: &File) {
     let _ = file;
 }
 
+/// Reports a failed write-back of the file's pages that this descriptor (its open file
+/// description) has not yet been told of, without waiting for or starting any. Linux tells
+/// each open file description of such a failure once (and the first `fsync` of a description
+/// opened after it), so the engine asks through one opened before the writes it cares about.
+/// A page whose write-back failed is reported before it can leave the page cache, so a check
+/// after reading a file says whether what was read is what was written. Elsewhere: nothing to
+/// report.
+pub fn writeback_error(file: &File) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // Waits for the write-back of one byte far past any file's end (none), then reports
+        // the error the file's mapping recorded since this description last asked.
+        const NOWHERE: i64 = 1 << 62;
+        // SAFETY: a plain syscall on a descriptor we own.
+        let rc = unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                NOWHERE,
+                1,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+    Ok(())
+}
+
 /// Whether an I/O error means the local disk is full (or over quota).
 pub fn is_disk_full(e: &io::Error) -> bool {
     matches!(

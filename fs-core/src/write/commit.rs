@@ -175,37 +175,48 @@ impl<S: crate::store::ObjectStore> super::writeback::WriteBack<S> {
         let files: Vec<_> = batch
             .files
             .iter()
-            .map(|(_, id, _)| self.dir.staging(*id))
+            .map(|(_, id, _)| (*id, self.dir.staging(*id)))
             .collect();
         let dir = (batch.dir > 0).then(|| self.dir.staging_dir().clone());
-        let synced = crate::platform::blocking(move || {
-            for at in files {
+        // Every file's result is kept, whatever fails after it: a failed sync is told once.
+        let (results, rest) = crate::platform::blocking(move || {
+            let mut results = Vec::new();
+            for (id, at) in files {
                 // Write access: Windows flushes only through a handle that may write.
                 match at.open(crate::platform::Open::new().read(true).write(true)) {
-                    Ok(f) => f.sync_data()?,
+                    Ok(f) => results.push((id, f.sync_data())),
                     // Removed since (its name deleted, or superseded and uploaded): nothing
                     // of it is needed any more.
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Ok((results, Err(e))),
                 }
             }
-            match dir {
-                Some(d) => d.sync(),
-                None => Ok(()),
-            }
+            Ok((results, dir.map_or(Ok(()), |d| d.sync())))
         })
-        .await;
+        .await?;
+        self.disk_errors.end_of_commit();
+        // A file the disk failed to write back is told once ([`super::disk_errors`]): noted
+        // now, never tried again, and left out of what the journal calls durable.
+        let (mut ids, mut failed) = (Vec::new(), Vec::new());
+        for (id, result) in results {
+            match self.disk_errors.synced(id, result) {
+                // Failed at an earlier commit, or told elsewhere: this sync is a later one,
+                // which Linux lets succeed.
+                Ok(()) if self.disk_errors.failed(id).is_some() => failed.push(id),
+                Ok(()) => ids.push(id),
+                Err(e) => {
+                    self.disk_errors.note(id, &e);
+                    failed.push(id);
+                }
+            }
+        }
         // Files the kernel writes in place say so in their records once synced (see
-        // [`Record::durable`](super::journal::Record)), in the journal sync that follows.
-        let ids: Vec<u64> = batch.files.iter().map(|(_, id, _)| *id).collect();
-        let synced = match synced {
-            Ok(()) => match self.journal.mark_durable(&ids) {
-                Ok(()) => self.journal.flush().await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
-        synced?;
+        // [`Record::durable`](super::journal::Record)), or that the disk failed them, in the
+        // journal sync that follows.
+        self.journal.mark_disk_failed(&failed)?;
+        rest?;
+        self.journal.mark_durable(&ids)?;
+        self.journal.flush().await?;
         // The superseded versions' records go (without a sync: a replay that still finds one
         // prefers the newer version, whose bytes check), before the newer versions count as
         // committed: none of those is uploaded, and its own record dropped, while an older

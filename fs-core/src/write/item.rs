@@ -324,6 +324,7 @@ impl Item {
             live: v.live,
             unsealed: v.crc_pending || v.open,
             durable: false,
+            disk_failed: false,
             boot: v.live.then(crate::platform::boot_id).flatten(),
             state: v.progress.clone(),
         }

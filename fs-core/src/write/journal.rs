@@ -171,6 +171,12 @@ pub struct Record {
     /// reached a commit is not trusted (it may be cut short or hold blocks never written).
     #[serde(default, skip_serializing_if = "is_false")]
     pub durable: bool,
+    /// Of a live record: the cache disk failed to write the file back since it was sealed
+    /// ([`super::disk_errors`]), so what a replay finds in it may not be what was written. Its
+    /// bytes are uploaded only while they still check against its CRC32C; set by
+    /// [`Journal::mark_disk_failed`] and kept by later records of the same file.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disk_failed: bool,
     /// Of a live record: the boot it was written in. A replay in another boot (a power cut
     /// came between) checks a sealed live file against its CRC32C like any other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,8 +188,11 @@ pub struct Record {
 /// Marks every live record `change` puts as durable when the record it replaces was.
 fn keep_durable(change: &mut Change, live: &HashMap<u64, Record>) {
     match change {
-        Change::Put(rec) if rec.live && live.get(&rec.id).is_some_and(|r| r.live && r.durable) => {
-            rec.durable = true;
+        Change::Put(rec) if rec.live => {
+            if let Some(r) = live.get(&rec.id).filter(|r| r.live) {
+                rec.durable |= r.durable;
+                rec.disk_failed |= r.disk_failed;
+            }
         }
         Change::Batch(changes) => {
             for c in changes {
@@ -244,6 +253,10 @@ pub struct Journal {
     log: Mutex<Log>,
     /// Serializes syncs; the sequence number each one covered.
     sync: tokio::sync::Mutex<u64>,
+    /// The log file a sync failed on, if any: syncs of a file run one at a time, and none of
+    /// one that failed succeeds after it (Linux tells a failed write-back once, so a sync
+    /// racing the failing one could succeed without the lost lines).
+    failed_sync: FailedSync,
     /// Appends still to fail as on a full disk (tests only: [`Self::fail_appends`]).
     #[cfg(test)]
     failing: std::sync::atomic::AtomicU32,
@@ -269,8 +282,9 @@ struct Log {
     len: u64,
     /// Sequence number of the last change appended.
     appended: u64,
-    /// A failed append could not be cut back, or a compaction renamed a new log into place
-    /// that could not be opened: rewrite the log before the next append.
+    /// A failed append could not be cut back, a compaction renamed a new log into place
+    /// that could not be opened, or a sync failed: rewrite the log before the next append or
+    /// sync.
     poisoned: bool,
     /// A compaction's rename is not yet known durable: the next sync syncs the directory.
     dir_unsynced: bool,
@@ -310,6 +324,7 @@ impl Journal {
                 synced_len: len,
             }),
             sync: tokio::sync::Mutex::new(0),
+            failed_sync: FailedSync::default(),
             corrupt,
             #[cfg(test)]
             failing: std::sync::atomic::AtomicU32::new(0),
@@ -363,7 +378,10 @@ impl Journal {
     /// thread's: it blocks).
     pub fn sync_now(&self) -> io::Result<()> {
         let point = self.sync_point()?;
-        point.sync()?;
+        if let Err(e) = point.sync() {
+            self.sync_failed(&point.file);
+            return Err(e);
+        }
         self.synced(&point);
         Ok(())
     }
@@ -391,16 +409,29 @@ impl Journal {
     /// files): each unsealed one not yet marked gets a line saying so (not synced: the
     /// commit syncs the journal next).
     pub fn mark_durable(&self, ids: &[u64]) -> io::Result<()> {
+        self.mark_live(ids, |r| &mut r.durable)
+    }
+
+    /// The cache disk failed to write back staging files `ids` (a commit's sync of them
+    /// failed): each live record of them not yet marked gets a line saying so (not synced:
+    /// the commit syncs the journal next).
+    pub fn mark_disk_failed(&self, ids: &[u64]) -> io::Result<()> {
+        self.mark_live(ids, |r| &mut r.disk_failed)
+    }
+
+    /// Sets the flag `flag` picks in the live records of `ids` that lack it, a line each.
+    fn mark_live(&self, ids: &[u64], flag: fn(&mut Record) -> &mut bool) -> io::Result<()> {
         for &id in ids {
             // Looked up and appended under one lock: a change of the record in between (its
             // removal, a rename) must not be undone by a stale copy.
             self.append_with(|live| {
-                live.get(&id).filter(|r| r.live && !r.durable).map(|r| {
-                    Change::Put(Record {
-                        durable: true,
-                        ..r.clone()
-                    })
-                })
+                let mut r = live.get(&id).filter(|r| r.live)?.clone();
+                let f = flag(&mut r);
+                if *f {
+                    return None;
+                }
+                *f = true;
+                Some(Change::Put(r))
             })?;
         }
         Ok(())
@@ -474,23 +505,50 @@ impl Journal {
         if *synced >= seq {
             return Ok(());
         }
-        #[cfg(test)]
-        if take_one(&self.failing_syncs) {
-            return Err(io::Error::other("sync failed (injected)"));
-        }
         let point = self.sync_point()?;
-        let point = platform::blocking(move || point.sync().map(|()| point)).await?;
+        let file = point.file.clone();
+        #[cfg(test)]
+        let injected = take_one(&self.failing_syncs);
+        #[cfg(not(test))]
+        let injected = false;
+        let point = match injected {
+            true => Err(io::Error::other("sync failed (injected)")),
+            false => platform::blocking(move || point.sync().map(|()| point)).await,
+        };
+        let point = match point {
+            Ok(point) => point,
+            Err(e) => {
+                self.sync_failed(&file);
+                return Err(e);
+            }
+        };
         self.synced(&point);
         *synced = point.upto;
         Ok(())
     }
 
-    /// What a sync started now must cover. None while poisoned without a log: lines were
-    /// appended to a log no handle reaches any more, so nothing can be said durable.
+    /// A sync of the log `file` failed: the disk may have lost lines written to it, and Linux
+    /// tells a failed write-back only once, so a second sync of the same file would succeed
+    /// without them. The log is poisoned instead: the next sync or append first rewrites it
+    /// whole from the records ([`Self::compact`]), into a new file synced on its own.
+    fn sync_failed(&self, file: &Arc<File>) {
+        let mut log = self.log.lock();
+        if log.file.as_ref().is_some_and(|f| Arc::ptr_eq(f, file)) {
+            log.poisoned = true;
+        }
+    }
+
+    /// What a sync started now must cover, the log rewritten first when poisoned. An error
+    /// while poisoned without a log: lines were appended to a log no handle reaches any
+    /// more, so nothing can be said durable.
     fn sync_point(&self) -> io::Result<SyncPoint> {
-        let log = self.log.lock();
+        let mut log = self.log.lock();
+        if log.poisoned {
+            self.compact(&mut log)?;
+        }
         Ok(SyncPoint {
             file: log.file.clone().ok_or_else(poisoned)?,
+            failed: self.failed_sync.clone(),
             dir: log.dir_unsynced.then(|| self.dir.clone()),
             upto: log.appended,
             len: log.len,
@@ -648,15 +706,31 @@ fn take_one(n: &std::sync::atomic::AtomicU32) -> bool {
 /// known durable, and the last change appended.
 struct SyncPoint {
     file: Arc<File>,
+    failed: FailedSync,
     dir: Option<Arc<Dir>>,
     upto: u64,
     /// The log's length when the sync started.
     len: u64,
 }
 
+/// See [`Journal::failed_sync`]. A weak reference: the file's address is never reused while
+/// it is held.
+type FailedSync = Arc<Mutex<Option<std::sync::Weak<File>>>>;
+
 impl SyncPoint {
     fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()?;
+        let mut failed = self.failed.lock();
+        let this = Arc::downgrade(&self.file);
+        if failed.as_ref().is_some_and(|f| f.ptr_eq(&this)) {
+            return Err(io::Error::other(
+                "an earlier sync of the journal failed; it is written anew first",
+            ));
+        }
+        if let Err(e) = self.file.sync_data() {
+            *failed = Some(this);
+            return Err(e);
+        }
+        drop(failed);
         // A compaction renamed a new log into place, but could not make the rename durable:
         // until it is, a crash would bring back the old log without the lines since.
         match &self.dir {
@@ -867,9 +941,35 @@ mod tests {
             live: false,
             unsealed: false,
             durable: false,
+            disk_failed: false,
             boot: None,
             state,
         }
+    }
+
+    /// A failed sync of the log (the disk could not write it back) is never taken back by a
+    /// second sync of the same file, which Linux would let succeed: the next sync writes the
+    /// log anew from the records, into another file, and only that counts as durable.
+    #[tokio::test]
+    async fn a_failed_sync_writes_the_log_anew_before_anything_counts_as_durable() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        j.put(&rec(1, UploadState::Staged)).await.unwrap();
+        let inode = || std::fs::metadata(dir.path().join(LOG)).unwrap().ino();
+        let before = inode();
+        j.apply_unsynced(Change::Put(rec(2, UploadState::Staged)))
+            .unwrap();
+        j.fail_syncs(1);
+        assert!(j.flush().await.is_err());
+        assert_eq!(inode(), before, "nothing rewritten yet");
+        j.flush().await.unwrap();
+        assert_ne!(inode(), before, "the log was written anew");
+        let len = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
+        assert_eq!(j.durable_len().1, len, "all of the new log is durable");
+        drop(j);
+        let (all, _) = Journal::open(dir.path()).unwrap().load_all().unwrap();
+        assert_eq!(all.iter().map(|r| r.id).collect::<Vec<_>>(), vec![1, 2]);
     }
 
     #[tokio::test]
@@ -1026,30 +1126,31 @@ mod tests {
     /// journal had gone on syncing the new log's handle and said so). The next change rewrites
     /// the log whole, and then every record is there.
     #[tokio::test]
-    async fn a_compaction_that_loses_its_log_never_calls_a_line_durable() {
+    async fn a_compaction_that_loses_its_log_is_written_anew_before_its_sync() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path()).unwrap();
         j.fail_compactions(1);
-        let mut id = 0;
-        let mut failed = None;
-        while failed.is_none() && id < 4 * COMPACT_SLACK as u64 {
-            id += 1;
-            failed = j.put(&rec(id, UploadState::Staged)).await.err();
-            if failed.is_none() && id % 10 != 0 {
-                failed = j.remove(id).await.err();
+        // The change whose append met the failed compaction (its line reached a log no handle
+        // reaches any more) is made durable by its own sync, which writes the log anew from
+        // the records first: no change fails, and none is called durable unwritten.
+        let last = 4 * COMPACT_SLACK as u64;
+        for id in 1..=last {
+            j.put(&rec(id, UploadState::Staged)).await.unwrap();
+            if id % 10 != 0 {
+                j.remove(id).await.unwrap();
             }
         }
-        let e = failed.expect("the change that met the failed compaction is not called durable");
-        assert!(e.to_string().contains("no log"), "{e}");
-        // The next change rewrites the log whole: every change acknowledged before is there
-        // (the one that failed may be there or not; its caller was told it failed).
-        j.put(&rec(id + 1, UploadState::Staged)).await.unwrap();
+        assert_eq!(
+            j.failing_compactions
+                .load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the compaction failed"
+        );
         drop(j);
         let (all, corrupt) = Journal::open(dir.path()).unwrap().load_all().unwrap();
         assert!(corrupt.is_empty());
-        let ids: Vec<u64> = all.iter().map(|r| r.id).filter(|&i| i != id).collect();
-        let mut want: Vec<u64> = (1..id).filter(|i| i % 10 == 0).collect();
-        want.push(id + 1);
+        let ids: Vec<u64> = all.iter().map(|r| r.id).collect();
+        let want: Vec<u64> = (1..=last).filter(|i| i % 10 == 0).collect();
         assert_eq!(ids, want);
     }
 

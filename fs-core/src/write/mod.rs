@@ -85,6 +85,7 @@
 
 pub mod cache_dir;
 pub mod commit;
+pub mod disk_errors;
 pub mod item;
 pub mod journal;
 pub mod name_changes;

@@ -346,19 +346,45 @@ impl<S: ObjectStore> WriteBack<S> {
                     .commits
                     .dir_pending()
                     .then(|| self.dir.staging_dir().clone());
-                crate::platform::blocking(move || {
-                    // Write access: Windows flushes only through a handle that may write.
-                    let how = crate::platform::Open::new().read(true).write(true);
-                    at.open(how)?.sync_data()?;
-                    dir.map_or(Ok(()), |d| d.sync())
-                })
-                .await?;
-                self.commits.synced(p.id);
-                // A file the kernel writes says so in its record (the line below keeps it).
-                self.journal.mark_durable(&[p.id])?;
-                // Durable now: an append to it falls back to it after a power cut.
-                if let Some(p) = it.pending.as_mut() {
-                    p.commit_gen = 0;
+                let id = p.id;
+                // A file the disk failed to write back ([`super::disk_errors`]) is never made
+                // durable: a sync of it now would succeed (Linux tells the failure once).
+                let failed_before = self.disk_errors.failed(id).is_some();
+                let synced = match failed_before {
+                    true => None,
+                    false => {
+                        crate::platform::blocking(move || {
+                            // Write access: Windows flushes only through a handle that may write.
+                            let how = crate::platform::Open::new().read(true).write(true);
+                            match at.open(how)?.sync_data() {
+                                Ok(()) => dir.map_or(Ok(()), |d| d.sync()).map(|()| Some(Ok(()))),
+                                Err(e) => Ok(Some(Err(e))),
+                            }
+                        })
+                        .await?
+                    }
+                };
+                match synced {
+                    Some(Ok(())) => {
+                        self.commits.synced(p.id);
+                        // A file the kernel writes says so in its record (the line below
+                        // keeps it).
+                        self.journal.mark_durable(&[p.id])?;
+                        // Durable now: an append to it falls back to it after a power cut.
+                        if let Some(p) = it.pending.as_mut() {
+                            p.commit_gen = 0;
+                        }
+                    }
+                    // Not durable, and never will be: the rename goes on (the version is
+                    // uploaded only as it was written) and its record says the disk failed
+                    // it. The versions it superseded go all the same: under the old name they
+                    // would come back after a power cut (I3).
+                    failed => {
+                        if let Some(Err(e)) = failed {
+                            self.disk_errors.note(id, &e);
+                        }
+                        self.journal.mark_disk_failed(&[id])?;
+                    }
                 }
                 changes.extend(it.superseded_uncommitted.iter().map(|&id| Change::Del(id)));
             }

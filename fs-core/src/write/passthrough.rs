@@ -515,16 +515,29 @@ impl<S: ObjectStore> WriteBack<S> {
             return Ok(());
         };
         let (id, at) = (v.id, self.dir.staging(v.id));
-        let (size, crc) = crate::platform::blocking(move || {
+        // Ok(Err(e)): the disk failed to write the file back.
+        let measured = crate::platform::blocking(move || {
             let file = at.open(crate::platform::Open::new().read(true))?;
             // Written back first: its pages are write-protected again, so a later store
             // through a mapping moves the file's time, where the engine looks.
             #[cfg(target_os = "linux")]
-            file.sync_data()?;
+            if let Err(e) = file.sync_data() {
+                return Ok(Err(e));
+            }
             let len = file.metadata()?.len();
-            Ok((len, super::staging::crc32c_of_file(&file, len)?))
+            let crc = super::staging::crc32c_of_file(&file, len)?;
+            Ok(crate::platform::writeback_error(&file).map(|()| (len, crc)))
         })
         .await?;
+        let (size, crc) = match measured {
+            Ok(m) => m,
+            Err(e) => {
+                // Told once ([`super::disk_errors`]): the next attempt must not take the file
+                // as it then reads.
+                self.disk_errors.note(id, &e);
+                return Err(e.into());
+            }
+        };
         tracing::info!(key = %it.key, size, "a file the kernel wrote changed after it was sealed; it is uploaded as it is now");
         if it.work_id == id && it.through.is_none() {
             it.work.adopt(size);

@@ -148,6 +148,10 @@ impl<S: ObjectStore> WriteBack<S> {
                 kernel_seen: None,
             };
             item.sched.due_in(Duration::ZERO);
+            if rec.disk_failed {
+                self.disk_errors
+                    .note_again(rec.id, "a write-back failed before the mount stopped");
+            }
             if rec.live {
                 // A mapping made before the stop may still write it: never reused, and looked
                 // for before the item retires, as after a last release (the file as found now
@@ -305,7 +309,10 @@ impl<S: ObjectStore> WriteBack<S> {
             // Changes that were not saved (I10) in the same file, edited in place: the file as
             // it is holds them, so only the version as sealed may be taken, if its bytes are
             // still there.
-            let live = rec.live && !keep_tail;
+            // A file whose write-back the disk failed ([`super::disk_errors`]) is taken only
+            // as it was sealed, if its bytes still check: what the disk holds instead is not
+            // what was written.
+            let live = rec.live && !keep_tail && !rec.disk_failed;
             if live && (same_boot || (rec.unsealed && rec.durable)) {
                 self.take_live(&mut rec).await;
             }
@@ -370,7 +377,11 @@ impl<S: ObjectStore> WriteBack<S> {
         let measured = crate::platform::blocking(move || {
             let file = at.open(crate::platform::Open::new().read(true))?;
             let len = file.metadata()?.len();
-            Ok((len, crc32c_of_file(&file, len)?))
+            let crc = crc32c_of_file(&file, len)?;
+            // The disk failed to write it back since the daemon stopped: what was read is
+            // not what was written, and the record's own CRC32C decides.
+            crate::platform::writeback_error(&file)?;
+            Ok((len, crc))
         })
         .await;
         match measured {

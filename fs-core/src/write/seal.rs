@@ -41,6 +41,7 @@ impl<S: ObjectStore> WriteBack<S> {
             }
             // First what the kernel wrote, which may hold the file too.
             self.refresh(&item.0, &mut it);
+            self.look_for_disk_errors(&mut it);
             if let Some(e) = &it.held {
                 return Err(e.clone());
             }
@@ -75,14 +76,21 @@ impl<S: ObjectStore> WriteBack<S> {
         let lazy = it.unsaved_record.is_none();
         // The kernel still writes the file itself: its CRC32C waits for the last release.
         let crc_pending = lazy && !crc_now && it.through.is_some();
-        // A failed fsync may have lost written pages: like a failed write.
+        // A failed fsync may have lost written pages: like a failed write. So may a CRC32C
+        // read from a file whose write-back failed ([`super::disk_errors`]).
         let sealed = match crc_pending {
             true => Ok(0),
-            false => it.work.seal(!lazy).await.map_err(FsError::from),
+            false => match self.may_read_crc_of(it) {
+                Ok(()) => it.work.seal(!lazy).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            },
         };
         let crc = match sealed {
             Ok(crc) => crc,
             Err(e) => {
+                // The file is complete here: what failed is its sync or a read of it, and a
+                // failed write-back is told once ([`super::disk_errors`]).
+                self.note_disk_error(it.work_id, &e);
                 Self::hold_on_failure(it, &Err(e.clone()));
                 return Err(e);
             }
@@ -208,7 +216,10 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Makes the working copy's bytes and its name durable, before a record names them.
     pub(super) async fn work_durable(&self, it: &mut Item) -> std::io::Result<()> {
         let file = it.work.clone_file()?;
-        crate::platform::blocking(move || file.sync_all()).await?;
+        if let Err(e) = crate::platform::blocking(move || file.sync_all()).await {
+            self.note_disk_error(it.work_id, &FsError::Io(e.to_string()));
+            return Err(e);
+        }
         if !it.work_named {
             let dir = self.dir.staging_dir().clone();
             crate::platform::blocking(move || dir.sync()).await?;
@@ -309,6 +320,9 @@ impl<S: ObjectStore> WriteBack<S> {
         item.0.item.lock().await.close_failed = false;
         if self.cfg.sync_on_close {
             self.commit_now().await?;
+            if let Some(e) = self.close_sync_failed(&*item.0.item.lock().await) {
+                return Err(e);
+            }
         }
         if self.cfg.upload_on_close {
             self.flush_to_bucket(item).await

@@ -311,7 +311,13 @@ impl StagingFile {
             }
             match known {
                 Some(crc) => Ok(crc),
-                None => crc32c_of_file(&file, size),
+                None => {
+                    let crc = crc32c_of_file(&file, size)?;
+                    // A page the disk failed to write back may have been read as the disk
+                    // holds it: then the CRC32C is not of what was written.
+                    platform::writeback_error(&file)?;
+                    Ok(crc)
+                }
             }
         })
         .await?;
@@ -436,7 +442,8 @@ pub async fn copy_prefix(from: &At, to: &At, len: u64) -> io::Result<StagingFile
         if copied != len {
             return Err(io::Error::other("staging file shorter than its version"));
         }
-        Ok(())
+        // A page the disk failed to write back may have been copied as the disk holds it.
+        platform::writeback_error(&src)
     })
     .await?;
     Ok(StagingFile::open_complete(to, len))

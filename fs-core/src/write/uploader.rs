@@ -313,7 +313,14 @@ impl<S: ObjectStore> WriteBack<S> {
                     let unsaved_here = it.pending.as_ref().is_some_and(|p| {
                         p.id == it.work_id && (it.held.is_some() || it.unsaved_file == Some(p.id))
                     });
-                    if changed && unsaved_here {
+                    // Its file's write-back failed: what changed is what the disk lost, not a
+                    // store through a mapping ([`super::disk_errors`]).
+                    let mismatch =
+                        e.kind == StoreErrorKind::Other && e.message.contains("staged bytes");
+                    let lost = mismatch.then(|| self.disk_errors.failed(v.id)).flatten();
+                    if let Some(reason) = lost {
+                        self.keep_failed_write(shared, &mut it, &reason).await;
+                    } else if changed && unsaved_here {
                         self.keep_unsaved_as(shared, &mut it, true).await;
                     } else if changed {
                         match self.reseal_live(shared, &mut it).await {

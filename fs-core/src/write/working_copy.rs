@@ -148,7 +148,23 @@ impl<S: ObjectStore> WriteBack<S> {
             let id = self.new_id();
             let to = self.dir.staging(id);
             let present = it.work.present().clone();
-            let copy = staging::copy_prefix(it.work.at(), &to, len).await?;
+            let copy = match staging::copy_prefix(it.work.at(), &to, len).await {
+                Ok(copy) => copy,
+                Err(e) => {
+                    let e = FsError::from(e);
+                    // Not for want of room for the copy: a read of the file, or the check
+                    // after it, failed.
+                    if !matches!(e, FsError::NoSpace) {
+                        self.note_disk_error(it.work_id, &e);
+                    }
+                    let _ = to.remove();
+                    return Err(e);
+                }
+            };
+            if let Err(e) = self.check_copy(it).await {
+                let _ = to.remove();
+                return Err(e);
+            }
             (id, copy.with_present(present), false)
         };
         tracing::debug!(key = %it.key, from = it.work_id, to = id, len, "copy-on-write of the working copy");
@@ -254,6 +270,7 @@ impl<S: ObjectStore> WriteBack<S> {
         if result.is_ok() && len == 0 && it.held.take().is_some() {
             // Rewritten from nothing: no byte of the failed change is left.
             tracing::info!(key = %it.key, "a file whose changes were held is being rewritten whole");
+            self.rewritten_whole(it);
         }
         result
     }

@@ -122,6 +122,8 @@ pub struct WriteBack<S: ObjectStore> {
     /// Staging files the kernel wrote itself ([`super::passthrough`]): deleted when let go,
     /// never reused, as a mapping of one may still be written.
     pub(super) in_place: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Staging files whose write-back the disk failed ([`super::disk_errors`]).
+    pub(super) disk_errors: super::disk_errors::DiskErrors,
     /// Free bytes the cache disk is taken to have, in place of asking it (tests);
     /// `u64::MAX`: ask it.
     pub(super) free_override: Arc<AtomicU64>,
@@ -211,6 +213,7 @@ impl<S: ObjectStore> WriteBack<S> {
             paused_keys: parking_lot::Mutex::new(Vec::new()),
             commits: Commits::new(cfg_commit_interval),
             in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            disk_errors: Default::default(),
             free_override: Arc::new(AtomicU64::new(u64::MAX)),
             space_watch: Default::default(),
             kernel_dev: parking_lot::Mutex::new(None),
@@ -449,7 +452,8 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Hands staging file `id`, which no item uses any more, to the pool: reused (or deleted)
     /// once no durable journal record names it.
     pub(super) fn recycle(&self, id: u64) {
-        if self.in_place.lock().remove(&id) {
+        let failed = self.disk_errors.forget(id);
+        if self.in_place.lock().remove(&id) || failed {
             self.pool.remove(id);
         } else {
             self.pool.recycle(id);
@@ -493,6 +497,7 @@ impl<S: ObjectStore> WriteBack<S> {
             self.sweep_parts(v.id, None);
         }
         let _ = self.dir.staging(v.id).remove();
+        self.disk_errors.forget(v.id);
     }
 
     /// Where version `id`'s temporary parts go: under this cache directory's tag, so no other
