@@ -499,3 +499,31 @@ async fn a_failed_journal_write_after_a_delete_keeps_the_changed_file_under_its_
         temp_parts(&store)
     );
 }
+
+/// A rename of a file never looked up here over a file still open (simulation seed 1481):
+/// the name must get an inode of its own, not keep the replaced file's, which the open handle
+/// still holds; else the kernel (its page cache, a passthrough handle's backing file) would
+/// show the replaced file's bytes under the name, after a later rename too.
+#[tokio::test(start_paused = true)]
+async fn a_rename_over_an_open_file_gives_the_name_another_inode() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    store.insert("a", b"AAA".to_vec());
+    let fs = mount(&store, &dir.path().join("c"), Duration::from_millis(5));
+    let (attr, h) = fs.create(ROOT_INO, "x").await.unwrap();
+    fs.write(h.fh, 0, b"the replaced file").await.unwrap();
+    fs.rename(ROOT_INO, "a", ROOT_INO, "x").await.unwrap();
+    let x = fs.lookup(ROOT_INO, "x").await.unwrap();
+    assert_ne!(
+        x.ino, attr.ino,
+        "the name answers with the replaced file's inode"
+    );
+    assert_eq!(x.size, 3);
+    fs.rename(ROOT_INO, "x", ROOT_INO, "y").await.unwrap();
+    let y = fs.lookup(ROOT_INO, "y").await.unwrap();
+    assert_ne!(y.ino, attr.ino);
+    assert_eq!(read_all(&fs, y.ino).await, b"AAA");
+    fs.release(h.fh).await;
+    assert_eq!(fs.drain(false).await, 0);
+    assert_eq!(&store.object_bytes("y").unwrap()[..], b"AAA");
+}

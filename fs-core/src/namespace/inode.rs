@@ -168,6 +168,13 @@ impl InodeTable {
     /// whatever those new paths named before. The kernel keeps its dentries for the children of
     /// a renamed directory, so their inodes must answer to the new paths.
     pub fn rename(&mut self, from: &str, to: &str, copied: Option<&Arc<ObjectMeta>>) {
+        if from == to {
+            return;
+        }
+        // The target's inode goes even when the source has none (never looked up): the name
+        // must not keep answering with the inode of the file it replaced, which a handle may
+        // still hold open.
+        self.detach(to);
         let from_dir = format!("{from}/");
         let moved: Vec<(String, Ino)> = self
             .by_path

@@ -950,6 +950,7 @@ mod tests {
     /// A failed sync of the log (the disk could not write it back) is never taken back by a
     /// second sync of the same file, which Linux would let succeed: the next sync writes the
     /// log anew from the records, into another file, and only that counts as durable.
+    #[cfg(unix)]
     #[tokio::test]
     async fn a_failed_sync_writes_the_log_anew_before_anything_counts_as_durable() {
         use std::os::unix::fs::MetadataExt;
