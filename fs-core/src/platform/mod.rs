@@ -248,7 +248,13 @@ pub fn writeback_error(file: &File) -> io::Result<()> {
             )
         };
         if rc != 0 {
-            return Err(io::Error::last_os_error());
+            let e = io::Error::last_os_error();
+            // A file or file system the call does not apply to has nothing to report.
+            let unsupported = [libc::EINVAL, libc::ESPIPE, libc::ENOSYS, libc::EOPNOTSUPP];
+            if e.raw_os_error().is_some_and(|n| unsupported.contains(&n)) {
+                return Ok(());
+            }
+            return Err(e);
         }
     }
     #[cfg(not(target_os = "linux"))]
