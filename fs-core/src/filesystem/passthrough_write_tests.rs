@@ -42,6 +42,19 @@ fn backing(o: &Opened) -> Arc<std::fs::File> {
     }
 }
 
+/// A mount with write-back delay `delay`, its cache in `dir`, over a bucket whose `f` holds
+/// "the good object"; and the inode of `f`.
+async fn over_good_object(
+    dir: &tempfile::TempDir,
+    delay: Duration,
+) -> (Arc<MemoryStore>, Filesystem<MemoryStore>, Ino) {
+    let store = Arc::new(MemoryStore::new());
+    store.insert("f", b"the good object".to_vec());
+    let fs = mount(&store, wcfg(&dir.path().join("c"), delay));
+    let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    (store, fs, ino)
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_kernels_writes_are_taken_at_close_and_sealed_at_the_last_release() {
     let dir = tempfile::tempdir().unwrap();
@@ -396,17 +409,9 @@ async fn a_release_before_a_joiner_reaches_the_item_keeps_it_in_place() {
 #[tokio::test(start_paused = true)]
 async fn a_nearly_full_cache_disk_holds_a_file_the_kernel_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
-    store.insert("f", b"the good object".to_vec());
-    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let (store, fs, f) = over_good_object(&dir, Duration::ZERO).await;
     let wb = fs.write.as_ref().unwrap().clone();
-    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let wt = OpenMode {
-        write: true,
-        truncate: true,
-        process: None,
-    };
-    let w = fs.open(a.ino, wt).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     assert!(matches!(w.io, KernelIo::Passthrough(_)), "first open");
     let file = backing(&w);
     // The writer's first write failed for space: the file stays empty.
@@ -421,13 +426,13 @@ async fn a_nearly_full_cache_disk_holds_a_file_the_kernel_writes() {
     );
     assert_eq!(wb.status().await.held_files, 1);
     // No passthrough while the disk is nearly full.
-    let w = fs.open(a.ino, wt).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     assert!(matches!(w.io, KernelIo::Daemon));
     fs.release(w.fh).await;
     // Room again: a rewrite saves it (through bucketdrive: changes are kept as not saved).
     wb.pretend_free_bytes(None);
     drop(file);
-    let w = fs.open(a.ino, wt).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     assert!(matches!(w.io, KernelIo::Daemon));
     fs.write(w.fh, 0, b"new bytes").await.unwrap();
     fs.flush(w.fh).await.unwrap();
@@ -444,17 +449,9 @@ async fn a_nearly_full_cache_disk_holds_a_file_the_kernel_writes() {
 #[tokio::test(start_paused = true)]
 async fn a_disk_full_and_freed_again_between_two_looks_holds_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
-    store.insert("f", b"the good object".to_vec());
-    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let (store, fs, f) = over_good_object(&dir, Duration::ZERO).await;
     let wb = fs.write.as_ref().unwrap().clone();
-    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let wt = OpenMode {
-        write: true,
-        truncate: true,
-        process: None,
-    };
-    let w = fs.open(a.ino, wt).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     assert!(matches!(w.io, KernelIo::Passthrough(_)));
     backing(&w).write_all_at(b"the new", 0).unwrap();
     wb.pretend_free_bytes(Some(1 << 20));
@@ -466,14 +463,14 @@ async fn a_disk_full_and_freed_again_between_two_looks_holds_the_file() {
         "held until written over whole"
     );
     // Written over whole by the handle open across the dip: saved (the dip is acted on once).
-    fs.setattr(a.ino, Some(0), None, Some(w.fh)).await.unwrap();
+    fs.setattr(f, Some(0), None, Some(w.fh)).await.unwrap();
     backing(&w).write_all_at(b"written over", 0).unwrap();
     fs.flush(w.fh).await.unwrap();
     fs.release(w.fh).await;
     assert_eq!(fs.drain(true).await, 0);
     assert_eq!(&store.object_bytes("f").unwrap()[..], b"written over");
     // Another dip, another file held.
-    let w = fs.open(a.ino, wt).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     assert!(matches!(w.io, KernelIo::Passthrough(_)));
     backing(&w).write_all_at(b"the new", 0).unwrap();
     wb.pretend_free_bytes(Some(1 << 20));
@@ -898,12 +895,9 @@ async fn a_watched_file_is_not_uploaded_while_a_writer_has_it_open() {
 async fn a_write_back_the_disk_failed_is_uploaded_only_as_it_was_written() {
     for lost in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(MemoryStore::new());
-        store.insert("f", b"the good object".to_vec());
-        let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::from_secs(10)));
+        let (store, fs, f) = over_good_object(&dir, Duration::from_secs(10)).await;
         let wb = fs.write.as_ref().unwrap().clone();
-        let a = fs.lookup(ROOT_INO, "f").await.unwrap();
-        let w = fs.open(a.ino, WT).await.unwrap();
+        let w = fs.open(f, WT).await.unwrap();
         let file = backing(&w);
         file.write_all_at(b"bytes written", 0).unwrap();
         wb.fail_data_syncs(1);
@@ -932,7 +926,7 @@ async fn a_write_back_the_disk_failed_is_uploaded_only_as_it_was_written() {
         );
         assert_eq!((status.held_files, status.uploaded_files), (1, 0));
         // Written over whole: saved.
-        let w = fs.open(a.ino, WT).await.unwrap();
+        let w = fs.open(f, WT).await.unwrap();
         fs.write(w.fh, 0, b"written again").await.unwrap();
         fs.flush(w.fh).await.unwrap();
         fs.release(w.fh).await;
@@ -1018,11 +1012,8 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[tokio::test(start_paused = true)]
 async fn an_edit_of_a_file_the_disk_failed_waits_for_a_rewrite() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
-    store.insert("f", b"the good object".to_vec());
-    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::from_secs(10)));
-    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let w = fs.open(a.ino, WT).await.unwrap();
+    let (store, fs, f) = over_good_object(&dir, Duration::from_secs(10)).await;
+    let w = fs.open(f, WT).await.unwrap();
     let file = backing(&w);
     file.write_all_at(b"bytes written", 0).unwrap();
     fs.write.as_ref().unwrap().fail_data_syncs(1);
@@ -1031,14 +1022,14 @@ async fn an_edit_of_a_file_the_disk_failed_waits_for_a_rewrite() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     // What the disk holds, once the page cache let go of what was written.
     file.write_all_at(&[0u8; 13], 0).unwrap();
-    let e = fs.open(a.ino, W).await.unwrap();
+    let e = fs.open(f, W).await.unwrap();
     assert!(matches!(e.io, KernelIo::Daemon), "a version is pending");
     let wrote = fs.write(e.fh, 0, b"B").await;
     assert!(matches!(wrote, Err(FsError::Io(_))), "{wrote:?}");
     fs.release(e.fh).await;
     assert_eq!(fs.drain(true).await, 0);
     assert_eq!(&store.object_bytes("f").unwrap()[..], b"the good object");
-    let w = fs.open(a.ino, WT).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     fs.write(w.fh, 0, b"written again").await.unwrap();
     fs.flush(w.fh).await.unwrap();
     fs.release(w.fh).await;
@@ -1051,12 +1042,9 @@ async fn an_edit_of_a_file_the_disk_failed_waits_for_a_rewrite() {
 #[tokio::test(start_paused = true)]
 async fn a_write_back_the_disk_failed_while_open_fails_the_close() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
-    store.insert("f", b"the good object".to_vec());
-    let fs = mount(&store, wcfg(&dir.path().join("c"), Duration::ZERO));
+    let (store, fs, f) = over_good_object(&dir, Duration::ZERO).await;
     let wb = fs.write.as_ref().unwrap().clone();
-    let a = fs.lookup(ROOT_INO, "f").await.unwrap();
-    let w = fs.open(a.ino, WT).await.unwrap();
+    let w = fs.open(f, WT).await.unwrap();
     assert!(matches!(w.io, KernelIo::Passthrough(_)));
     backing(&w).write_all_at(b"bytes the disk lost", 0).unwrap();
     wb.fail_writeback_looks(1);

@@ -73,7 +73,7 @@ fn take(count: &AtomicU32) -> bool {
 
 impl DiskErrors {
     /// The disk failed to write back staging file `id`: a sync or a look was told `e`.
-    pub fn note(&self, id: u64, e: &std::io::Error) {
+    pub fn note(&self, id: u64, e: &dyn std::fmt::Display) {
         tracing::error!(id, error = %e, "the cache disk could not write a staged file back; it is uploaded only while it reads as it was written");
         self.failed.lock().insert(id, e.to_string());
     }
@@ -118,10 +118,9 @@ impl DiskErrors {
 impl<S: ObjectStore> WriteBack<S> {
     /// A sync or read of staging file `id` failed with `e` outside a commit: noted as the
     /// disk's failure (unless it was already), as a commit's sync would not be told again.
-    pub(super) fn note_disk_error(&self, id: u64, e: &FsError) {
+    pub(super) fn note_disk_error(&self, id: u64, e: &dyn std::fmt::Display) {
         if self.disk_errors.failed(id).is_none() {
-            self.disk_errors
-                .note(id, &std::io::Error::other(e.to_string()));
+            self.disk_errors.note(id, e);
         }
     }
 

@@ -217,7 +217,7 @@ impl<S: ObjectStore> WriteBack<S> {
     pub(super) async fn work_durable(&self, it: &mut Item) -> std::io::Result<()> {
         let file = it.work.clone_file()?;
         if let Err(e) = crate::platform::blocking(move || file.sync_all()).await {
-            self.note_disk_error(it.work_id, &FsError::Io(e.to_string()));
+            self.note_disk_error(it.work_id, &e);
             return Err(e);
         }
         if !it.work_named {
