@@ -494,6 +494,47 @@ async fn a_disk_full_and_freed_again_between_two_looks_holds_the_file() {
     assert_eq!(&store.object_bytes("g").unwrap()[..], b"after");
 }
 
+/// The mount frees space itself (an upload done, a file deleted or cut) most often when the
+/// disk is full, and a free can end the dip that failed a write the kernel made: so the watch
+/// looks before every free on the cache disk, and the dip is seen though no poll ran in it.
+#[tokio::test(start_paused = true)]
+async fn a_dip_the_mount_ends_itself_is_seen_before_the_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, fs, f) = over_good_object(&dir, Duration::ZERO).await;
+    let wb = fs.write.as_ref().unwrap().clone();
+    let staging = wb.staging_dir().clone();
+    // The mount frees a file of its own on the cache disk.
+    let free = || {
+        staging.at("other").replace_with(b"x").unwrap();
+        staging.at("other").remove().unwrap();
+    };
+    let w = fs.open(f, WT).await.unwrap();
+    assert!(matches!(w.io, KernelIo::Passthrough(_)));
+    backing(&w).write_all_at(b"the new", 0).unwrap();
+    // Freed with room to spare: no dip.
+    free();
+    // Full (a write failed), and the mount's own free ends it: no poll ran meanwhile.
+    wb.pretend_free_bytes(Some(1 << 20));
+    free();
+    wb.pretend_free_bytes(None);
+    assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
+    fs.release(w.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(
+        &store.object_bytes("f").unwrap()[..],
+        b"the good object",
+        "the object keeps its last whole version (I10)"
+    );
+    // A file begun after it, with frees while the disk has room, is saved.
+    let (_, g) = fs.create(ROOT_INO, "g").await.unwrap();
+    backing(&g).write_all_at(b"after", 0).unwrap();
+    free();
+    fs.flush(g.fh).await.unwrap();
+    fs.release(g.fh).await;
+    assert_eq!(fs.drain(true).await, 0);
+    assert_eq!(&store.object_bytes("g").unwrap()[..], b"after");
+}
+
 /// A shared mapping of the backing file (the kernel maps it for a passthrough handle) that
 /// outlives every handle and the upload: the item stays while the process maps the file, a
 /// store through it is uploaded as a new version, and the item retires once it is unmapped.

@@ -21,6 +21,11 @@
 //!
 //! Names given to [`Dir::at`] are single components made by the mount (`<id>.data`,
 //! `journal.log`), never a user's.
+//!
+//! Every removal, replacement or cut of a file here first runs the looks registered for its
+//! file system ([`Dir::before_freeing`]): space the mount frees itself can end a dip of the
+//! disk's free space that failed a write only the writer saw (the kernel's own writes to a
+//! passthrough file), and a look just before the free sees the dip while it lasts.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -29,6 +34,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// A look to run before this process frees space on a file system: see [`Dir::before_freeing`].
+pub type FreeLook = dyn Fn() + Send + Sync;
+
+/// The looks registered, each with the file system (device) it is for; a look lives while the
+/// one who registered it keeps it.
+#[cfg(unix)]
+static BEFORE_FREE: std::sync::Mutex<Vec<(u64, std::sync::Weak<FreeLook>)>> =
+    std::sync::Mutex::new(Vec::new());
+
 /// A directory of ours, held open; see the module documentation.
 #[derive(Debug)]
 pub struct Dir {
@@ -36,6 +50,9 @@ pub struct Dir {
     path: PathBuf,
     #[cfg(unix)]
     fd: std::os::fd::OwnedFd,
+    /// The file system it is on (`st_dev`).
+    #[cfg(unix)]
+    dev: u64,
     /// Held without `FILE_SHARE_DELETE`: see the module documentation.
     #[cfg(windows)]
     hold: File,
@@ -182,6 +199,7 @@ impl Dir {
         Ok(Dir {
             path: path.to_path_buf(),
             fd,
+            dev: st.st_dev as u64,
         })
     }
 
@@ -258,6 +276,38 @@ impl Dir {
         #[cfg(windows)]
         {
             None
+        }
+    }
+
+    /// Runs `look` before this process removes, replaces or cuts shorter a file of any held
+    /// directory on this directory's file system, for as long as the caller keeps `look`
+    /// (see the module documentation). Nothing on Windows, where the kernel never writes a
+    /// file for the mount.
+    pub fn before_freeing(&self, look: &Arc<FreeLook>) {
+        #[cfg(unix)]
+        {
+            let mut looks = BEFORE_FREE.lock().unwrap_or_else(|e| e.into_inner());
+            looks.retain(|(_, l)| l.strong_count() > 0);
+            looks.push((self.dev, Arc::downgrade(look)));
+        }
+        #[cfg(windows)]
+        let _ = look;
+    }
+
+    /// Runs the looks registered for this directory's file system ([`Dir::before_freeing`]).
+    fn freeing(&self) {
+        #[cfg(unix)]
+        {
+            let due: Vec<Arc<FreeLook>> = BEFORE_FREE
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|(dev, _)| *dev == self.dev)
+                .filter_map(|(_, l)| l.upgrade())
+                .collect();
+            for look in due {
+                look();
+            }
         }
     }
 
@@ -374,7 +424,8 @@ impl At {
         }
         // Emptied only once it is known to be a file of ours.
         let file = File::from(fd);
-        if how.truncate {
+        if how.truncate && st.st_size > 0 {
+            self.freeing();
             file.set_len(0)?;
         }
         Ok(file)
@@ -426,8 +477,14 @@ impl At {
         self.dir.sync()
     }
 
+    /// Says the file is about to be cut shorter: runs the looks of [`Dir::before_freeing`].
+    pub fn freeing(&self) {
+        self.dir.freeing();
+    }
+
     /// Removes the file.
     pub fn remove(&self) -> io::Result<()> {
+        self.freeing();
         #[cfg(unix)]
         return rustix::fs::unlinkat(
             &self.dir.fd,
@@ -441,6 +498,8 @@ impl At {
 
     /// Renames the file to `to` (in this directory or another held one), replacing it.
     pub fn rename_to(&self, to: &At) -> io::Result<()> {
+        // A file replaced is freed.
+        to.freeing();
         #[cfg(unix)]
         return rustix::fs::renameat(
             &self.dir.fd,
@@ -599,6 +658,50 @@ impl std::fmt::Display for At {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A look registered for one directory's file system runs before a removal, a replacing
+    /// rename or a cut in any held directory on it, and no longer once its owner drops it.
+    #[test]
+    fn a_free_on_the_file_system_runs_its_looks_first() {
+        use std::cell::Cell;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        thread_local! {
+            /// Set on this test's thread: frees other tests make on the same file system at
+            /// the same time run the look too, and are not counted.
+            static OURS: Cell<bool> = const { Cell::new(false) };
+        }
+        OURS.with(|o| o.set(true));
+        let base = tempfile::tempdir().unwrap();
+        let watched = Dir::private(&base.path().join("a")).unwrap();
+        let other = Dir::private(&base.path().join("b")).unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let look: Arc<FreeLook> = {
+            let seen = seen.clone();
+            Arc::new(move || {
+                if OURS.with(|o| o.get()) {
+                    seen.fetch_add(1, SeqCst);
+                }
+            })
+        };
+        watched.before_freeing(&look);
+        other.at("f").replace_with(b"one").unwrap();
+        let before = seen.load(SeqCst);
+        other.at("g").replace_with(b"two").unwrap();
+        assert!(seen.load(SeqCst) > before, "a file replaced by a rename");
+        let before = seen.load(SeqCst);
+        other.at("f").remove().unwrap();
+        assert_eq!(seen.load(SeqCst), before + 1, "a removal");
+        other
+            .at("g")
+            .open(Open::new().write(true).truncate(true))
+            .unwrap();
+        assert_eq!(seen.load(SeqCst), before + 2, "emptied at its open");
+        other.at("g").freeing();
+        assert_eq!(seen.load(SeqCst), before + 3, "a cut");
+        drop(look);
+        other.at("g").remove().unwrap();
+        assert_eq!(seen.load(SeqCst), before + 3, "dropped: no look");
+    }
 
     #[test]
     fn a_held_directory_swapped_for_another_is_not_followed() {

@@ -16,7 +16,7 @@ mod dir;
 #[cfg(windows)]
 mod windows_acl;
 
-pub use dir::{At, Dir, Open, Stat};
+pub use dir::{At, Dir, FreeLook, Open, Stat};
 #[cfg(windows)]
 pub use windows_acl::{current_user_sid, private_dacl_sddl};
 

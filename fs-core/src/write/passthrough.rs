@@ -30,12 +30,14 @@
 //!   can only happen on a disk (nearly) full. So a file passes through only while the cache
 //!   disk has [`PASSTHROUGH_ROOM`] free (below it, writes go through the daemon, which sees
 //!   every failure), and every close, fsync, truncate and last release checks it again: with
-//!   less than [`HOLD_ROOM`] free, a write may have failed unseen, so the file is held as if
-//!   one had (never uploaded, kept staged as not saved, its close failing with `ENOSPC`).
+//!   less than [`HOLD_ROOM`] free ([`KernelRoom`]), a write may have failed unseen, so the
+//!   file is held as if one had (never uploaded, kept staged as not saved, its close failing
+//!   with `ENOSPC`).
 //!   Nor is a pending version of the same file, changed in place since its seal, uploaded
 //!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
 //!   looks is seen by the watch of the disk's free space ([`super::space_watch`]) while a
-//!   handle is open, unless the dip fell between two of its polls; a store through a mapping
+//!   handle is open, unless the dip fell between two of its polls and the mount itself did
+//!   not end it (the watch looks before each of the mount's frees); a store through a mapping
 //!   after the last release is looked at with the mapping (every [`MAPPING_POLL`]); `EIO`
 //!   from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
@@ -67,9 +69,10 @@ use std::time::{Duration, SystemTime};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::item::{Item, ItemRef, Life, Shared, Through};
+use super::space_watch::SpaceWatch;
 use super::writeback::WriteBack;
 use crate::error::FsResult;
-use crate::platform::Dir;
+use crate::platform::{Dir, FreeLook};
 use crate::store::ObjectStore;
 
 /// Free space on the cache disk a file needs to be handed to the kernel: well above
@@ -98,16 +101,49 @@ fn note_opener(it: &mut Item, ino: u64, pid: Option<u32>) {
     }
 }
 
-/// Whether the cache disk, which holds the staging directory `staging` and its files, has
-/// `room` bytes free (for an unprivileged writer: the daemon may run without the right to the
-/// file system's reserve). `pretend`: free bytes tests set in place of asking the disk
-/// (`u64::MAX`: ask it).
-fn has_room(staging: &Dir, pretend: &AtomicU64, room: u64) -> bool {
-    let free = match pretend.load(Ordering::SeqCst) {
-        u64::MAX => staging.free_bytes(),
-        n => Some(n),
-    };
-    free.is_none_or(|f| f >= room)
+/// The cache disk's free space as the kernel's writes to a passthrough file meet it. Counted as
+/// for an unprivileged writer: a `write()` the kernel makes for a passthrough handle runs with
+/// the daemon's rights (which may reach ext4's reserve for root), but a store through a
+/// mapping of the file allocates with the rights of the process that stores, whoever it is.
+pub(super) struct KernelRoom {
+    staging: Arc<Dir>,
+    /// Free bytes tests set in place of asking the disk (`u64::MAX`: ask it).
+    pretend: Arc<AtomicU64>,
+}
+
+impl KernelRoom {
+    pub(super) fn new(staging: &Arc<Dir>, pretend: &Arc<AtomicU64>) -> Arc<Self> {
+        Arc::new(KernelRoom {
+            staging: staging.clone(),
+            pretend: pretend.clone(),
+        })
+    }
+
+    /// Makes the disk look as if it had `free` bytes left (`None`: as it has; tests only).
+    #[cfg(test)]
+    pub(super) fn pretend(&self, free: Option<u64>) {
+        self.pretend
+            .store(free.unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Whether the disk has `room` bytes free for the kernel's writes.
+    fn has(&self, room: u64) -> bool {
+        let free = match self.pretend.load(Ordering::SeqCst) {
+            u64::MAX => self.staging.free_bytes(),
+            n => Some(n),
+        };
+        free.is_none_or(|f| f >= room)
+    }
+}
+
+/// The look the cache disk's file system runs before the mount frees space on it
+/// ([`Dir::before_freeing`]): while files pass through, a disk nearly full then is a dip
+/// ([`super::space_watch`]). Registered for as long as the returned look is kept.
+pub(super) fn look_before_freeing(room: &Arc<KernelRoom>, watch: &SpaceWatch) -> Arc<FreeLook> {
+    let (ours, watch) = (room.clone(), watch.clone());
+    let look: Arc<FreeLook> = Arc::new(move || watch.look_now(|| !ours.has(HOLD_ROOM)));
+    room.staging.before_freeing(&look);
+    look
 }
 
 /// Length and modification time of a file, as the engine compares them.
@@ -468,7 +504,7 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Whether the cache disk has `room` bytes free.
     fn room_for_kernel(&self, room: u64) -> bool {
-        has_room(self.dir.staging_dir(), &self.free_override, room)
+        self.kernel_room.has(room)
     }
 
     /// The first passthrough handle of `it`, on `file` (the backing file the kernel shares
@@ -481,10 +517,8 @@ impl<S: ObjectStore> WriteBack<S> {
         file: Arc<File>,
         seen: (u64, SystemTime),
     ) {
-        let (dir, pretend) = (self.dir.staging_dir().clone(), self.free_override.clone());
-        let space = self
-            .space_watch
-            .watch(move || !has_room(&dir, &pretend, HOLD_ROOM));
+        let room = self.kernel_room.clone();
+        let space = self.space_watch.watch(move || !room.has(HOLD_ROOM));
         *item.0.backing.lock() = Some(file.clone());
         it.through = Some(Through {
             handles: 1,

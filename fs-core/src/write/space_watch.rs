@@ -8,11 +8,18 @@
 //! download removed. So while any file passes through, a watch also looks at the disk every
 //! [`POLL`] and counts the looks that found it nearly full. Each passthrough file remembers the
 //! count it began with; when the count has moved at its next look, the file is held as if that
-//! look had found the disk full. A dip that begins and ends between two polls still goes
-//! unseen, and so does one while no handle of the file is open (a store through a mapping
-//! after the last release: the mapping's watch looks at the disk every 2 s).
+//! look had found the disk full.
 //!
-//! The watch costs one `fstatvfs` per poll, and only while a file passes through.
+//! The mount frees space itself (an upload done, a file deleted or cut, a read-cache file
+//! dropped), most often just when the disk is full: writes fail then, uploads go on and
+//! finish. So the watch also looks before every such free ([`SpaceWatch::look_now`], run by
+//! [`crate::platform::Dir::before_freeing`]), and a dip the mount ends itself is seen by the
+//! files passing through then. A dip another program makes (or another mount on the same
+//! disk), that begins and ends between two polls, still goes unseen, and so does one while no
+//! handle of the file is open (a store through a mapping after the last release: the
+//! mapping's watch looks at the disk every 2 s).
+//!
+//! The watch costs one `fstatvfs` per poll and per free, and only while a file passes through.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -22,7 +29,7 @@ use std::time::Duration;
 pub const POLL: Duration = Duration::from_millis(100);
 
 /// The watch of one cache disk.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct SpaceWatch {
     state: Arc<State>,
 }
@@ -77,6 +84,13 @@ impl SpaceWatch {
             }
         }
         watched
+    }
+
+    /// Looks at the disk now, while any file passes through: space is about to be freed.
+    pub fn look_now(&self, nearly_full: impl FnOnce() -> bool) {
+        if self.state.files.load(SeqCst) > 0 && nearly_full() {
+            self.state.dips.fetch_add(1, SeqCst);
+        }
     }
 
     /// Looks that found the disk nearly full so far.

@@ -73,6 +73,7 @@ impl StagingFile {
         // Whatever it held goes (a new file's bytes are zeros, or the object's, fetched).
         let mut len = file.metadata()?.len();
         if len != 0 {
+            at.freeing();
             file.set_len(0)?;
             len = 0;
         }
@@ -249,6 +250,8 @@ impl StagingFile {
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
         if len > self.size {
             self.cut_tail()?;
+        } else {
+            self.at.freeing();
         }
         self.fd()?.set_len(len)?;
         self.crcs.truncate(len);
@@ -274,9 +277,10 @@ impl StagingFile {
     /// acknowledged, kept by a replay that left the tail, or a write that failed part way), and
     /// growth must show zeros there, never them (I2).
     pub(super) fn cut_tail(&mut self) -> io::Result<()> {
-        let size = self.size;
+        let (size, at) = (self.size, self.at.clone());
         let fd = self.fd()?;
         if fd.metadata()?.len() > size {
+            at.freeing();
             fd.set_len(size)?;
         }
         Ok(())

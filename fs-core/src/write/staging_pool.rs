@@ -319,6 +319,7 @@ impl Shared {
 
     /// Empties the file `at` and moves it to a fresh id.
     fn reuse(&self, at: &At) -> io::Result<u64> {
+        at.freeing();
         at.open(Open::new().write(true))?.set_len(0)?;
         let id = self.fresh_id();
         at.rename_to(&self.at(id))?;

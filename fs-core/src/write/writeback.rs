@@ -124,11 +124,13 @@ pub struct WriteBack<S: ObjectStore> {
     pub(super) in_place: parking_lot::Mutex<std::collections::HashSet<u64>>,
     /// Staging files whose write-back the disk failed ([`super::disk_errors`]).
     pub(super) disk_errors: super::disk_errors::DiskErrors,
-    /// Free bytes the cache disk is taken to have, in place of asking it (tests);
-    /// `u64::MAX`: ask it.
-    pub(super) free_override: Arc<AtomicU64>,
+    /// The cache disk's free space as the kernel's writes meet it ([`super::passthrough`]).
+    pub(super) kernel_room: Arc<super::passthrough::KernelRoom>,
     /// The cache disk's free space while files pass through ([`super::space_watch`]).
     pub(super) space_watch: super::space_watch::SpaceWatch,
+    /// The watch's look before the mount frees space on the cache disk, registered while
+    /// this lives.
+    _free_look: Arc<crate::platform::FreeLook>,
     /// The mount's device as `/proc/<pid>/maps` names it, once the adapter told it: how a
     /// mapping of a file the kernel writes itself is recognised.
     pub(super) kernel_dev: parking_lot::Mutex<Option<String>>,
@@ -193,6 +195,10 @@ impl<S: ObjectStore> WriteBack<S> {
         let buffers =
             (up.concurrency.max(1) as u64).saturating_mul(up.part_size.max(up.chunk_size));
         let part_buffers = BufferPool::new(buffers.min(512 << 20) as usize);
+        let free_override = Arc::new(AtomicU64::new(u64::MAX));
+        let space_watch = super::space_watch::SpaceWatch::default();
+        let kernel_room = super::passthrough::KernelRoom::new(dir.staging_dir(), &free_override);
+        let free_look = super::passthrough::look_before_freeing(&kernel_room, &space_watch);
         Ok(Arc::new(WriteBack {
             part_buffers,
             request_buffers: BufferPool::new(REQUEST_BUFFERS),
@@ -214,8 +220,9 @@ impl<S: ObjectStore> WriteBack<S> {
             commits: Commits::new(cfg_commit_interval),
             in_place: parking_lot::Mutex::new(std::collections::HashSet::new()),
             disk_errors: Default::default(),
-            free_override: Arc::new(AtomicU64::new(u64::MAX)),
-            space_watch: Default::default(),
+            kernel_room,
+            space_watch,
+            _free_look: free_look,
             kernel_dev: parking_lot::Mutex::new(None),
             #[cfg(test)]
             mapped_save_gate: parking_lot::Mutex::new(None),
@@ -439,8 +446,13 @@ impl<S: ObjectStore> WriteBack<S> {
     /// the kernel writes itself ([`super::passthrough`]) (tests only).
     #[cfg(test)]
     pub fn pretend_free_bytes(&self, free: Option<u64>) {
-        self.free_override
-            .store(free.unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.kernel_room.pretend(free);
+    }
+
+    /// The held staging directory (tests only).
+    #[cfg(test)]
+    pub fn staging_dir(&self) -> &Arc<crate::platform::Dir> {
+        self.dir.staging_dir()
     }
 
     /// Makes the next `n` journal syncs fail (tests only).
