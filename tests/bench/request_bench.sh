@@ -4,6 +4,9 @@
 #
 #   BASE=<rev> bash tests/bench/request_bench.sh    # RUNS=5 SIZE_MIB=1024 FILES=2000 EDIT_MIB=64
 #
+# MOUNT_OPTS adds mount options to rows 1 and 2 (for example "--passthrough writes
+# --write-back-delay 0s": new files written by the kernel, uploads ending while cp writes).
+#
 # Root mount, release builds, the emulator (filesystem backend) on loopback, so the daemon's
 # CPU and the kernel's hand-offs are the limit. Each run, on a fresh mount of each build:
 #   1. SIZE_MIB written with dd bs=1M, until dd returns (close included), and the daemon's CPU
@@ -67,7 +70,8 @@ unmount_bd() {  # BUILD
 
 one() {  # BUILD
   local b=$1 c0 c1 s e
-  mount_bd "$b"
+  # shellcheck disable=SC2086
+  mount_bd "$b" ${MOUNT_OPTS:-}
   c0=$(cpu_s "$PID")
   add "${b}_dd" "$(timed_dd "$WORK/src" "$MNT/big" 1M)"
   c1=$(cpu_s "$PID")
@@ -119,7 +123,7 @@ row() {  # LABEL KEY
 }
 echo
 echo "Requests through the daemon, root mount, emulator on loopback; medians of $RUNS runs, base"
-echo "$(git rev-parse --short "$BASE") alternated with this build"
+echo "$(git rev-parse --short "$BASE") alternated with this build${MOUNT_OPTS:+; rows 1 and 2 with $MOUNT_OPTS}"
 echo
 echo "| workload | base | this | this ÷ base |"
 echo "|---|---:|---:|---:|"
