@@ -30,7 +30,7 @@
 //!   can only happen on a disk (nearly) full. So a file passes through only while the cache
 //!   disk has [`PASSTHROUGH_ROOM`] free (below it, writes go through the daemon, which sees
 //!   every failure), and every close, fsync, truncate and last release checks it again: with
-//!   less than [`HOLD_ROOM`] free ([`KernelRoom`]), a write may have failed unseen, so the
+//!   less than [`HOLD_ROOM`] free (`KernelRoom`), a write may have failed unseen, so the
 //!   file is held as if one had (never uploaded, kept staged as not saved, its close failing
 //!   with `ENOSPC`).
 //!   Nor is a pending version of the same file, changed in place since its seal, uploaded
@@ -108,14 +108,14 @@ fn note_opener(it: &mut Item, ino: u64, pid: Option<u32>) {
 pub(super) struct KernelRoom {
     staging: Arc<Dir>,
     /// Free bytes tests set in place of asking the disk (`u64::MAX`: ask it).
-    pretend: Arc<AtomicU64>,
+    pretend: AtomicU64,
 }
 
 impl KernelRoom {
-    pub(super) fn new(staging: &Arc<Dir>, pretend: &Arc<AtomicU64>) -> Arc<Self> {
+    pub(super) fn new(staging: &Arc<Dir>) -> Arc<Self> {
         Arc::new(KernelRoom {
             staging: staging.clone(),
-            pretend: pretend.clone(),
+            pretend: AtomicU64::new(u64::MAX),
         })
     }
 

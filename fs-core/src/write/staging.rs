@@ -277,11 +277,10 @@ impl StagingFile {
     /// acknowledged, kept by a replay that left the tail, or a write that failed part way), and
     /// growth must show zeros there, never them (I2).
     pub(super) fn cut_tail(&mut self) -> io::Result<()> {
-        let (size, at) = (self.size, self.at.clone());
-        let fd = self.fd()?;
-        if fd.metadata()?.len() > size {
-            at.freeing();
-            fd.set_len(size)?;
+        let size = self.size;
+        if self.fd()?.metadata()?.len() > size {
+            self.at.freeing();
+            self.fd()?.set_len(size)?;
         }
         Ok(())
     }

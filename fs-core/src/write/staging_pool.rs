@@ -319,8 +319,8 @@ impl Shared {
 
     /// Empties the file `at` and moves it to a fresh id.
     fn reuse(&self, at: &At) -> io::Result<u64> {
-        at.freeing();
-        at.open(Open::new().write(true))?.set_len(0)?;
+        // Emptied at its open, which looks at the disk first ([`At::freeing`]).
+        at.open(Open::new().write(true).truncate(true))?;
         let id = self.fresh_id();
         at.rename_to(&self.at(id))?;
         Ok(id)

@@ -195,9 +195,8 @@ impl<S: ObjectStore> WriteBack<S> {
         let buffers =
             (up.concurrency.max(1) as u64).saturating_mul(up.part_size.max(up.chunk_size));
         let part_buffers = BufferPool::new(buffers.min(512 << 20) as usize);
-        let free_override = Arc::new(AtomicU64::new(u64::MAX));
         let space_watch = super::space_watch::SpaceWatch::default();
-        let kernel_room = super::passthrough::KernelRoom::new(dir.staging_dir(), &free_override);
+        let kernel_room = super::passthrough::KernelRoom::new(dir.staging_dir());
         let free_look = super::passthrough::look_before_freeing(&kernel_room, &space_watch);
         Ok(Arc::new(WriteBack {
             part_buffers,
