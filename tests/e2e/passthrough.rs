@@ -192,6 +192,31 @@ fn a_crash_after_passthrough_writes_loses_nothing_closed() -> Result<()> {
     m.unmount()
 }
 
+/// A kill after an fsync uploaded a file whose descriptor stays open, and more was written
+/// through it: the next mount uploads the file with what was written after the upload.
+#[test]
+fn a_kill_after_an_fsync_keeps_what_was_written_since() -> Result<()> {
+    let emu = setup("ptk")?;
+    let cache = tempfile::tempdir()?;
+    let args = ["--passthrough", "writes", "--write-back-delay", "1h"];
+    let m = Mount::with_cache(&emu, "ptk", cache.path(), &args)?;
+    let first = random_bytes(700_001, 40);
+    let more = random_bytes(300_007, 41);
+    let mut f = std::fs::File::create(m.path().join("k"))?;
+    f.write_all(&first)?;
+    f.sync_all()?;
+    assert_eq!(sha256(&emu.get("ptk", "k")?), sha256(&first), "fsync");
+    f.write_all(&more)?;
+    m.crash()?;
+    // The writer's descriptor goes after the daemon (its close meets no daemon).
+    drop(f);
+    let mut want = first;
+    want.extend_from_slice(&more);
+    let m = Mount::with_cache(&emu, "ptk", cache.path(), &["--write-back-delay", "0s"])?;
+    wait_for_object(&emu, "ptk", "k", &sha256(&want), 60)?;
+    m.unmount()
+}
+
 /// `--passthrough off`, `--passthrough on` (reads only) and a mount with `--cache-size` write
 /// through the daemon as before.
 #[test]

@@ -34,6 +34,16 @@ fn mount(store: &Arc<MemoryStore>, w: WriteConfig) -> Filesystem<MemoryStore> {
     fs
 }
 
+/// A runtime on one thread with time paused (it moves only when every task waits), for a
+/// test that drops it mid-way, as a crash of the daemon would.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 /// The backing file of a passthrough open.
 fn backing(o: &Opened) -> Arc<std::fs::File> {
     match &o.io {
@@ -101,11 +111,7 @@ fn a_crash_with_the_file_open_replays_it_as_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("c");
     let store = Arc::new(MemoryStore::new());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     let (a, b) = (vec![1u8; 70_000], vec![2u8; 30_000]);
     rt.block_on(async {
         let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
@@ -136,14 +142,7 @@ fn a_mapping_that_outlives_a_crash_is_followed_after_the_replay() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("c");
     let store = Arc::new(MemoryStore::new());
-    let paused = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
-    let rt = paused();
+    let rt = paused_runtime();
     let bytes = rt.block_on(async {
         let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
         let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
@@ -157,11 +156,42 @@ fn a_mapping_that_outlives_a_crash_is_followed_after_the_replay() {
         bytes
     });
     rt.shutdown_timeout(Duration::from_secs(5));
-    let rt = paused();
+    let rt = paused_runtime();
     rt.block_on(async {
         let fs = mount(&store, wcfg(&cache, Duration::ZERO));
         assert_eq!(fs.start().await.unwrap(), 1);
         followed_until_unmapped(&fs, &store, bytes).await;
+    });
+}
+
+/// A kill while a mapping is followed after the file's upload: the file's record stayed with
+/// the upload, so the next mount finds the staged copy and uploads what was stored since.
+#[test]
+fn a_kill_while_a_mapping_is_followed_after_the_upload_keeps_its_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    let rt = paused_runtime();
+    let bytes = rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        let (_, bytes) = mapped_and_closed(&fs).await;
+        // The upload, and the watch's first look.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(&store.object_bytes("f").unwrap()[..8], b"one \0\0\0\0");
+        bytes[4..8].copy_from_slice(b"two ");
+        // The kill, before the watch looks again.
+        drop(fs);
+        bytes
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let rt = paused_runtime();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        assert_eq!(fs.start().await.unwrap(), 1, "the file is replayed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(&store.object_bytes("f").unwrap()[..8], b"one two ");
+        unmap(bytes);
+        let _ = tokio::time::timeout(Duration::from_secs(60), fs.drain(false)).await;
     });
 }
 
@@ -187,6 +217,204 @@ async fn a_store_after_the_release_is_uploaded_as_it_is_now() {
     let mut want = vec![3u8; 50_000];
     want[1000..1100].copy_from_slice(&[4u8; 100]);
     assert_eq!(store.object_bytes("f").unwrap(), want);
+}
+
+/// What a crash after an upload of a file the kernel still writes leaves, by what came
+/// between the upload and the crash.
+#[derive(Debug, Clone, Copy)]
+enum AfterUpload {
+    /// More written, nothing said.
+    Written,
+    /// A second fsync, then more written.
+    SyncedAgain,
+    /// Renamed over an existing file `g`, nothing written since.
+    RenamedOver,
+    /// Renamed over `g`, then more written.
+    RenamedOverAndWritten,
+    /// More written while the cache disk was nearly full: held (I10), never uploaded.
+    Held,
+}
+
+/// A crash after an `fsync()` uploaded a file whose descriptors stay open: the file's record
+/// stays with the upload, so the next mount finds the staged copy and uploads it as it is,
+/// with what the kernel wrote after the upload; under the name it has then; and a file held
+/// since keeps the bucket at its last whole version.
+#[test]
+fn a_crash_after_an_upload_while_the_kernel_writes_keeps_what_it_wrote_since() {
+    for case in [
+        AfterUpload::Written,
+        AfterUpload::SyncedAgain,
+        AfterUpload::RenamedOver,
+        AfterUpload::RenamedOverAndWritten,
+        AfterUpload::Held,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("c");
+        let store = Arc::new(MemoryStore::new());
+        store.insert("g", b"another file".to_vec());
+        let rt = paused_runtime();
+        let (a, b) = (vec![1u8; 70_000], vec![2u8; 30_000]);
+        rt.block_on(async {
+            let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+            let wb = fs.write.as_ref().unwrap().clone();
+            fs.lookup(ROOT_INO, "g").await.unwrap();
+            let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+            let file = backing(&w);
+            file.write_all_at(&a, 0).unwrap();
+            fs.fsync(w.fh).await.unwrap();
+            assert_eq!(
+                store.object_bytes("f").unwrap(),
+                a,
+                "{case:?}: fsync uploads"
+            );
+            match case {
+                AfterUpload::Written => file.write_all_at(&b, a.len() as u64).unwrap(),
+                AfterUpload::SyncedAgain => {
+                    fs.fsync(w.fh).await.unwrap();
+                    file.write_all_at(&b, a.len() as u64).unwrap();
+                }
+                AfterUpload::RenamedOver => {
+                    fs.rename(ROOT_INO, "f", ROOT_INO, "g").await.unwrap();
+                    // Back in the bucket under its new name at once, not at its last close.
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    let got = store.object_bytes("g");
+                    assert!(
+                        got.as_deref() == Some(&a[..]),
+                        "{case:?}: g is not the file"
+                    );
+                    assert!(store.object_bytes("f").is_none(), "{case:?}: f stays");
+                }
+                AfterUpload::RenamedOverAndWritten => {
+                    fs.rename(ROOT_INO, "f", ROOT_INO, "g").await.unwrap();
+                    file.write_all_at(&b, a.len() as u64).unwrap();
+                }
+                AfterUpload::Held => {
+                    wb.pretend_free_bytes(Some(1 << 20));
+                    file.write_all_at(&b, a.len() as u64).unwrap();
+                    // The close finds the disk nearly full: a write may have failed.
+                    assert!(matches!(fs.flush(w.fh).await, Err(FsError::NoSpace)));
+                    assert_eq!(wb.status().await.held_files, 1, "{case:?}");
+                }
+            }
+            // The crash: no close, no release, no drain.
+            drop(fs);
+        });
+        rt.shutdown_timeout(Duration::from_secs(5));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+            fs.start().await.unwrap();
+            assert_eq!(fs.drain(false).await, 0, "{case:?}");
+        });
+        rt.shutdown_timeout(Duration::from_secs(5));
+        let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+        let (name, want) = match case {
+            AfterUpload::Written | AfterUpload::SyncedAgain => ("f", &whole),
+            AfterUpload::RenamedOver => ("g", &a),
+            AfterUpload::RenamedOverAndWritten => ("g", &whole),
+            AfterUpload::Held => ("f", &a),
+        };
+        let got = store.object_bytes(name);
+        assert!(
+            got.as_deref() == Some(&want[..]),
+            "{case:?}: {name} holds {:?} bytes, not the {} written",
+            got.map(|g| g.len()),
+            want.len()
+        );
+        if matches!(
+            case,
+            AfterUpload::RenamedOver | AfterUpload::RenamedOverAndWritten
+        ) {
+            assert!(store.object_bytes("f").is_none(), "{case:?}: f came back");
+        }
+        // Nothing was set aside, and nothing is left to replay but changes not saved.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+            let not_saved = matches!(case, AfterUpload::Held) as usize;
+            assert_eq!(fs.start().await.unwrap(), not_saved, "{case:?}: replayed");
+        });
+        let aside: Vec<_> = walkdir(&cache)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains("damaged"))
+            .collect();
+        assert!(aside.is_empty(), "{case:?}: set aside {aside:?}");
+    }
+}
+
+/// A version that lands after its file was held (a write may have failed since, I10) keeps
+/// no record for the kernel's writes: a crash then leaves the bucket with that version, never
+/// the held file as it is.
+#[test]
+fn a_version_landing_after_a_hold_keeps_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    let rt = paused_runtime();
+    let (a, b) = (vec![1u8; 70_000], vec![2u8; 30_000]);
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+        let wb = fs.write.as_ref().unwrap().clone();
+        let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+        let file = backing(&w);
+        file.write_all_at(&a, 0).unwrap();
+        store.set_offline(true);
+        assert!(fs.fsync(w.fh).await.is_err(), "its upload fails");
+        wb.pretend_free_bytes(Some(1 << 20));
+        file.write_all_at(&b, a.len() as u64).unwrap();
+        assert!(matches!(fs.fsync(w.fh).await, Err(FsError::NoSpace)));
+        wb.pretend_free_bytes(None);
+        store.set_offline(false);
+        // The first version's retry lands meanwhile.
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let got = store.object_bytes("f").unwrap();
+        assert!(
+            got == a,
+            "not the version fsync'd first: {} bytes",
+            got.len()
+        );
+        // The crash: no close, no release, no drain.
+        drop(fs);
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        fs.start().await.unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(60), fs.drain(true)).await;
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let got = store.object_bytes("f").unwrap();
+    assert!(got == a, "the held file was uploaded: {} bytes", got.len());
+}
+
+/// The record a file keeps after an upload while the kernel writes it goes with the file:
+/// once it is released and retired, nothing is left to replay.
+#[test]
+fn the_record_kept_after_an_upload_goes_when_the_file_retires() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let store = Arc::new(MemoryStore::new());
+    let rt = paused_runtime();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
+        let (_, w) = fs.create(ROOT_INO, "f").await.unwrap();
+        let (file, fh) = (backing(&w), w.fh);
+        file.write_all_at(b"synced", 0).unwrap();
+        fs.fsync(w.fh).await.unwrap();
+        fs.flush(w.fh).await.unwrap();
+        // The kernel lets go of the file with its last handle (no mapping of it is left).
+        drop((w, file));
+        fs.release(fh).await;
+        assert_eq!(fs.drain(false).await, 0);
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fs = mount(&store, wcfg(&cache, Duration::ZERO));
+        assert_eq!(fs.start().await.unwrap(), 0, "a record outlived its file");
+    });
+    assert_eq!(&store.object_bytes("f").unwrap()[..], b"synced");
 }
 
 /// fsync while the kernel writes the file returns with it in the bucket; a write after it is
@@ -261,13 +489,7 @@ fn after_a_power_cut_a_file_written_in_place_counts_only_once_committed() {
         let store = Arc::new(MemoryStore::new());
         store.insert("f", b"old and whole".to_vec());
         let new = vec![6u8; 80_000];
-        let rt = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap()
-        };
+        let rt = || paused_runtime();
         crate::platform::set_boot_id(Some("before".into()));
         let staged = rt().block_on(async {
             let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
@@ -636,11 +858,7 @@ fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
         let cache = dir.path().join("c");
         let store = Arc::new(MemoryStore::new());
         store.insert("f", b"the good object".to_vec());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = paused_runtime();
         rt.block_on(async {
             let fs = mount(&store, wcfg(&cache, Duration::ZERO));
             let wb = fs.write.as_ref().unwrap().clone();
@@ -669,11 +887,7 @@ fn a_held_file_is_not_uploaded_through_a_reseal_nor_a_replay() {
         });
         rt.shutdown_timeout(Duration::from_secs(5));
         if crash {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap();
+            let rt = paused_runtime();
             rt.block_on(async {
                 store.set_offline(false);
                 let fs = mount(&store, wcfg(&cache, Duration::ZERO));
@@ -992,11 +1206,7 @@ fn replay_after_a_failed_write_back(lost: bool) {
     let cache = dir.path().join("c");
     let store = Arc::new(MemoryStore::new());
     store.insert("f", b"the good object".to_vec());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     let file = rt.block_on(async {
         let fs = mount(&store, wcfg(&cache, Duration::from_secs(3600)));
         let a = fs.lookup(ROOT_INO, "f").await.unwrap();

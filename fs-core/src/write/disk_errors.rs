@@ -177,7 +177,7 @@ impl<S: ObjectStore> WriteBack<S> {
             Ok(()) => self.disk_errors.failed(it.work_id),
         };
         if let Some(reason) = reason {
-            Self::hold_on_failure(it, &Err(disk_failed(&reason)));
+            self.hold_on_failure(it, &Err(disk_failed(&reason)));
         }
     }
 
@@ -190,7 +190,7 @@ impl<S: ObjectStore> WriteBack<S> {
             return;
         };
         if v.id == it.work_id {
-            Self::hold_on_failure(it, &Err(disk_failed(reason)));
+            self.hold_on_failure(it, &Err(disk_failed(reason)));
             // The working copy's descriptor may not have been told yet (the commit's was):
             // told now, so that keeping the file as not saved does not fail on the same report.
             if let Ok(file) = it.work.clone_file() {

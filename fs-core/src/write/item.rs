@@ -157,6 +157,11 @@ pub(super) struct Item {
     /// Length and modification time of the working copy's file at the engine's last look,
     /// when the kernel wrote it itself: a store through a mapping after that moves them.
     pub kernel_seen: Option<(u64, std::time::SystemTime)>,
+    /// The version last uploaded, when its file is the working copy's and the kernel writes it
+    /// in place: its journal record stays after the upload ([`super::passthrough`]), so that a
+    /// crash finds the staged copy, with what the kernel wrote since, instead of a file no
+    /// record names. Gone with the next record of the file, a hold, the name, or the item.
+    pub kept_landed: Option<Version>,
 }
 
 /// An item's passthrough handles: the kernel reads and writes the working copy's file
@@ -287,13 +292,15 @@ impl Item {
         rec
     }
 
-    /// The ids of this file's journal records: its pending version's, and the one keeping
-    /// changes not saved.
+    /// The ids of this file's journal records: its pending version's, the one keeping
+    /// changes not saved, and a landed version's kept for the kernel's writes.
     pub fn record_ids(&self) -> Vec<u64> {
         let pending = self.pending.as_ref().map(|p| p.id);
+        let landed = self.kept_landed.as_ref().map(|v| v.id);
         self.unsaved_record
             .into_iter()
             .chain(pending)
+            .chain(landed)
             .chain(self.superseded_uncommitted.iter().copied())
             .collect()
     }

@@ -159,13 +159,15 @@ impl<S: ObjectStore> WriteBack<S> {
             .is_some_and(|w| w.split('.').next() == Some(self.tag()))
     }
 
-    /// Whether the file being written at `key` has an acknowledged version still to upload and
-    /// nothing it lacks (its working copy is whole).
+    /// Whether the file being written at `key` has an acknowledged version still to upload (or
+    /// a record kept for the kernel's writes after its upload, which a replay would upload
+    /// again) and nothing it lacks (its working copy is whole): a rename moves its record
+    /// before the old object goes, or a crash between the two would bring the old name back.
     pub async fn has_whole_pending(&self, key: &str) -> bool {
         match self.live(key) {
             Some(s) => {
                 let it = s.item.lock().await;
-                it.pending.is_some() && it.work.is_complete()
+                (it.pending.is_some() || it.kept_landed.is_some()) && it.work.is_complete()
             }
             None => false,
         }
@@ -393,6 +395,11 @@ impl<S: ObjectStore> WriteBack<S> {
         if let Some(u) = it.unsaved_record {
             changes.push(Change::Put(it.unsaved(u)));
         }
+        // A landed version's record kept for the kernel's writes follows the name too: a
+        // replay uploads the file there as it finds it, over the copy when that is ours.
+        if let Some(k) = it.kept_landed.clone() {
+            changes.push(Change::Put(it.record(&k)));
+        }
         if !changes.is_empty() {
             let ids: Vec<u64> = replaced_ids
                 .iter()
@@ -422,7 +429,11 @@ impl<S: ObjectStore> WriteBack<S> {
         if reupload {
             it.edits += 1;
         }
-        let idle = it.handles == 0;
+        // A file the kernel still writes, in the bucket under the old name only (its record
+        // moved here before the old object goes): sealed now, as an fsync would, so that it is
+        // not out of the bucket until its last close.
+        let in_bucket_before = it.kept_landed.is_some();
+        let idle = it.handles == 0 || in_bucket_before;
         drop(it);
         if let (Some(old), Some(o)) = (&replaced, replaced_it.as_mut()) {
             self.drop_unlinked(old, o);
@@ -431,8 +442,25 @@ impl<S: ObjectStore> WriteBack<S> {
         if reupload && idle {
             // Its content was in the bucket under the old name only (no copy of it was made
             // here; a generation seen at `to` is only what the upload may replace): upload it
-            // again here.
-            self.commit(&ItemRef(shared.clone())).await?;
+            // again here. The rename itself is made (journal and memory): a commit that fails
+            // keeps the file as not saved, as a failed close does, and the rename stands.
+            let item = ItemRef(shared.clone());
+            let committed = self.commit(&item).await;
+            let mut it = shared.item.lock().await;
+            match committed {
+                Err(e) => {
+                    tracing::error!(key = %it.key, error = %e, "a renamed file could not be saved under its new name; it stays staged, not saved");
+                    it.close_failed = true;
+                    self.keep_unsaved(&shared, &mut it).await;
+                }
+                // It was in the bucket: it goes back there under its new name at once.
+                Ok(()) if in_bucket_before => {
+                    it.sched.expedite();
+                    self.ensure_task(&shared, &mut it);
+                    shared.wake.notify_one();
+                }
+                Ok(()) => {}
+            }
         }
         Ok(())
     }
@@ -443,7 +471,9 @@ impl<S: ObjectStore> WriteBack<S> {
         it.life = Life::Unlinked;
         // Wakes an fsync waiting for this file's upload: there will be none.
         shared.progress.send_modify(|p| p.attempts += 1);
+        // Its records went in the line that removed the name.
         it.unsaved_record = None;
+        it.kept_landed = None;
         self.drop_unsaved_file(it);
         if let Some(p) = it.pending.take() {
             if p.id != it.work_id {

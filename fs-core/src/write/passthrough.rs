@@ -24,7 +24,13 @@
 //! - **I1.** The staging file is written in place, so a crash loses nothing written before it:
 //!   the kernel holds the pages. A power cut leaves each block of it as the disk had it: like
 //!   a local file edited in place, and unlike a file written through the daemon, whose last
-//!   acknowledged version is kept whole.
+//!   acknowledged version is kept whole. For that, a journal record names the file for as
+//!   long as the kernel may write it, past an upload too: a version that lands while its file
+//!   is still the working copy keeps its record ([`Item::kept_landed`]) until the file's next
+//!   record replaces it, a hold or the name's removal drops it, the engine writes the file
+//!   itself, or the item retires (no handle, no mapping). A replay then uploads the file as it
+//!   finds it, over that upload, which it recognises as its own (an unchanged file is found
+//!   already there).
 //! - **I10, with writes it does not see.** A write the kernel makes can fail (`ENOSPC`) and
 //!   only the writer learns of it; the file then lacks bytes the user meant to write. That
 //!   can only happen on a disk (nearly) full. So a file passes through only while the cache
@@ -68,7 +74,7 @@ use std::time::{Duration, SystemTime};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::item::{Item, ItemRef, Life, Shared, Through};
+use super::item::{Item, ItemRef, Life, Shared, Through, Version};
 use super::space_watch::SpaceWatch;
 use super::writeback::WriteBack;
 use crate::error::FsResult;
@@ -273,7 +279,7 @@ impl<S: ObjectStore> WriteBack<S> {
         };
         let full = t.space.take_dip() || !self.room_for_kernel(HOLD_ROOM);
         if full && it.held.is_none() {
-            Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
+            self.hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
         let Some(t) = it.through.as_mut() else {
             return;
@@ -294,6 +300,29 @@ impl<S: ObjectStore> WriteBack<S> {
         it.edits += 1;
         shared.publish(it);
         self.recharge(shared, it);
+    }
+
+    /// Lets go of the record a landed version kept for the kernel's writes (see
+    /// [`Item::kept_landed`]), without waiting for that to be durable: a crash of the daemon
+    /// keeps the journal's line (the kernel holds it), and the file's staging file goes
+    /// through the pool, which makes the journal durable before reusing it.
+    pub(super) fn drop_kept_landed(&self, it: &mut Item) {
+        if let Some(v) = it.kept_landed.take() {
+            self.forget_landed(&v);
+            // Not durable yet: the journal is, before the engine changes the file's bytes.
+            it.forgotten_unsynced |= v.id == it.work_id;
+        }
+    }
+
+    /// Forgets landed version `v`'s record (see [`Self::drop_kept_landed`]), durable within a
+    /// second.
+    pub(super) fn forget_landed(&self, v: &Version) {
+        match self.journal.forget(v.id) {
+            Ok(()) => self.flush_forgotten_soon(),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not remove a journal record; the file will be uploaded again at the next mount")
+            }
+        }
     }
 
     /// Whether `it`, which could retire now, stays because the kernel may still change its
@@ -383,7 +412,7 @@ impl<S: ObjectStore> WriteBack<S> {
         shared.publish(it);
         self.recharge(shared, it);
         if !self.room_for_kernel(HOLD_ROOM) && it.held.is_none() {
-            Self::hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
+            self.hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
         true
     }

@@ -146,6 +146,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 mapped: false,
                 look_unsaved: false,
                 kernel_seen: None,
+                kept_landed: None,
             };
             item.sched.due_in(Duration::ZERO);
             if rec.disk_failed {
@@ -276,6 +277,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     mapped: false,
                     look_unsaved: false,
                     kernel_seen: None,
+                    kept_landed: None,
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);

@@ -91,7 +91,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 // The file is complete here: what failed is its sync or a read of it, and a
                 // failed write-back is told once ([`super::disk_errors`]).
                 self.note_disk_error(it.work_id, &e);
-                Self::hold_on_failure(it, &Err(e.clone()));
+                self.hold_on_failure(it, &Err(e.clone()));
                 return Err(e);
             }
         };
@@ -188,6 +188,10 @@ impl<S: ObjectStore> WriteBack<S> {
             self.ensure_commit_task();
         }
         it.unsaved_record = None;
+        // A landed version's record kept for the kernel's writes: this one replaced it.
+        if let Some(k) = it.kept_landed.take().filter(|k| k.id != v.id) {
+            self.forget_landed(&k);
+        }
         if old.as_ref().is_some_and(|o| Some(o.id) == it.unsaved_file) {
             // The superseded version's file: it goes as that version's does, below (not while
             // an attempt in flight still reads it).
@@ -253,12 +257,21 @@ impl<S: ObjectStore> WriteBack<S> {
             return;
         }
         let id = it.unsaved_record.unwrap_or_else(|| self.new_id());
+        // A landed version's record kept for the kernel's writes names the same file: replayed,
+        // it would upload what is kept here as not saved.
+        let landed = it.kept_landed.as_ref().map(|v| v.id);
         let kept = match self.work_durable(it).await {
             Ok(()) => {
                 let put = Change::Put(it.unsaved(id));
-                let change = match unsealed {
-                    Some((v, _)) => Change::Batch(vec![put, Change::Del(v)]),
-                    None => put,
+                let dels: Vec<Change> = unsealed
+                    .map(|(v, _)| v)
+                    .into_iter()
+                    .chain(landed)
+                    .map(Change::Del)
+                    .collect();
+                let change = match dels.is_empty() {
+                    true => put,
+                    false => Change::Batch(std::iter::once(put).chain(dels).collect()),
                 };
                 self.journal.apply(change).await
             }
@@ -266,6 +279,9 @@ impl<S: ObjectStore> WriteBack<S> {
         };
         match kept {
             Ok(()) => {
+                if landed.is_some() {
+                    it.kept_landed = None;
+                }
                 if let Some((_, seq)) = unsealed {
                     tracing::error!(key = %it.key, "a file the kernel wrote could not be saved; it stays staged, not saved, with its last changes");
                     it.pending = None;
@@ -407,6 +423,7 @@ impl<S: ObjectStore> WriteBack<S> {
             return;
         }
         it.life = Life::Retired;
+        self.drop_kept_landed(it);
         if let Some(u) = it.unsaved_record.take() {
             // Normally gone already (saved, or removed with the name).
             if let Err(e) = self.journal.forget(u) {

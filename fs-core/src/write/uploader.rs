@@ -6,7 +6,8 @@
 //! runs (the item copies a version before editing it). When a newer version was committed
 //! meanwhile, the older one's result only moves the base generation along: the task goes
 //! round again for the newer one. Outcomes:
-//! - in the bucket (or saved as a conflict copy): the version's journal record goes, and the
+//! - in the bucket (or saved as a conflict copy): the version's journal record goes (kept
+//!   while the kernel may still write its file in place, see [`super::passthrough`]), and the
 //!   key's cached metadata is updated;
 //! - our own earlier write found in the bucket (its answer was lost): rebased, retried at once;
 //! - failed: the item backs off (the scheduler owns the wait), its upload progress and the fact
@@ -233,7 +234,30 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 it.maybe_landed.clear();
                 it.sched.succeeded();
-                if current {
+                // The kernel may still write the version's file in place (handles open, a
+                // mapping): its record stays until the item retires or the file's next record
+                // replaces it, so a crash meanwhile finds the file and uploads it as it is then
+                // (over this upload, which a replay recognises as ours). See passthrough.rs.
+                // Not for a file held or not saved since it was sealed (I10): as it is now, it
+                // is never to be uploaded. A dip in the cache disk's free space the watch saw
+                // meanwhile holds it now.
+                if current && v.live && v.id == it.work_id {
+                    self.refresh(shared, &mut it);
+                }
+                let keep = current
+                    && !conflict
+                    && v.live
+                    && v.id == it.work_id
+                    && it.held.is_none()
+                    && !it.close_failed
+                    && it.unsaved_record.is_none();
+                if keep {
+                    it.pending = None;
+                    // Its upload is done: a rename must not carry its session to a new name.
+                    let mut landed = v.clone();
+                    landed.progress = UploadState::Staged;
+                    it.kept_landed = Some(landed);
+                } else if current {
                     it.pending = None;
                     // Not waited for: its staging file goes through the pool, which makes the
                     // journal durable before touching it. A conflict's is: replayed, it would

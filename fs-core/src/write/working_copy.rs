@@ -179,8 +179,17 @@ impl<S: ObjectStore> WriteBack<S> {
         Ok(())
     }
 
-    /// Before the working copy's bytes change: see [`Item::forgotten_unsynced`].
+    /// Before the working copy's bytes change: see [`Item::forgotten_unsynced`]. A record a
+    /// landed version kept for the kernel's writes ([`Item::kept_landed`]) goes first, for
+    /// good, unless the kernel writes the file now: replayed, it would take the file as it is,
+    /// with changes made through the engine that no close acknowledged.
     pub(super) async fn settle_forgotten(&self, it: &mut Item) -> FsResult<()> {
+        if it.through.is_none() {
+            if let Some(v) = it.kept_landed.as_ref() {
+                self.journal.remove(v.id).await?;
+                it.kept_landed = None;
+            }
+        }
         if it.forgotten_unsynced {
             // The journal alone: a commit would take item locks, this one's among them.
             self.journal.flush().await?;
@@ -192,19 +201,24 @@ impl<S: ObjectStore> WriteBack<S> {
     pub async fn write(&self, item: &ItemRef, offset: u64, data: &[u8]) -> FsResult<()> {
         let mut it = item.0.item.lock().await;
         let result = self.write_locked(&item.0, &mut it, offset, data).await;
-        Self::hold_on_failure(&mut it, &result);
+        self.hold_on_failure(&mut it, &result);
         result
     }
 
     /// A change to the working copy failed (a write, a truncate, the fsync of a commit): what
     /// the user wrote may be missing from it, so it must never be committed (I10). It stays
     /// staged, reported as not saved, until it is rewritten whole.
-    pub(super) fn hold_on_failure(it: &mut Item, result: &FsResult<()>) {
+    ///
+    /// The record a landed version kept for the kernel's writes goes at once (in the journal's
+    /// kernel buffers, which a crash of the daemon keeps): replayed, it would upload the file
+    /// as it is, the failed change included.
+    pub(super) fn hold_on_failure(&self, it: &mut Item, result: &FsResult<()>) {
         if let Err(e) = result {
             if it.held.is_none() && it.life == Life::Live {
                 tracing::error!(key = %it.key, error = %e, "a change to the file failed: its changes since the last good save are kept staged and will not be uploaded; the bucket keeps its last whole version");
             }
             it.held.get_or_insert_with(|| e.clone());
+            self.drop_kept_landed(it);
             // Part of it may have reached the working copy: the file is changed, not saved.
             it.edits += 1;
         }
@@ -266,7 +280,7 @@ impl<S: ObjectStore> WriteBack<S> {
         len: u64,
     ) -> FsResult<()> {
         let result = self.truncate_held(shared, it, len).await;
-        Self::hold_on_failure(it, &result);
+        self.hold_on_failure(it, &result);
         if result.is_ok() && len == 0 && it.held.take().is_some() {
             // Rewritten from nothing: no byte of the failed change is left.
             tracing::info!(key = %it.key, "a file whose changes were held is being rewritten whole");

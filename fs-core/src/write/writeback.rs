@@ -359,6 +359,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 mapped: false,
                 look_unsaved: false,
                 kernel_seen: None,
+                kept_landed: None,
             };
             let shared = Shared::new(item);
             {
