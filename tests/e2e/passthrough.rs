@@ -192,6 +192,23 @@ fn a_crash_after_passthrough_writes_loses_nothing_closed() -> Result<()> {
     m.unmount()
 }
 
+/// A close while another descriptor of the file stays open (a child holding a copy, say):
+/// the file is uploaded as it is once due, without waiting for the last descriptor to go.
+#[test]
+fn a_close_beside_a_descriptor_left_open_uploads_once_due() -> Result<()> {
+    let emu = setup("ptd")?;
+    let (m, addr) = mount(&emu, "ptd", &["--write-back-delay", "0s"])?;
+    let data = random_bytes(3 * MIB + 3, 50);
+    let mut f = std::fs::File::create(m.path().join("d"))?;
+    f.write_all(&data)?;
+    let still_open = f.try_clone()?;
+    bucketdrive_tests::close_checked(f)?;
+    wait_for_object(&emu, "ptd", "d", &sha256(&data), 30)?;
+    assert_eq!(metric(&addr, WRITTEN)?, 0.0, "written by the kernel itself");
+    drop(still_open);
+    m.unmount()
+}
+
 /// A kill after an fsync uploaded a file whose descriptor stays open, and more was written
 /// through it: the next mount uploads the file with what was written after the upload.
 #[test]

@@ -162,6 +162,11 @@ pub(super) struct Item {
     /// crash finds the staged copy, with what the kernel wrote since, instead of a file no
     /// record names. Gone with the next record of the file, a hold, the name, or the item.
     pub kept_landed: Option<Version>,
+    /// Staging files a version of this file was uploaded from in parts: their temporary parts
+    /// may be left until a version from the same file lands or the file goes, whatever that
+    /// version's size (a file cut shorter since goes up in one request, and sweeps nothing of
+    /// its own).
+    pub parts_files: Vec<u64>,
 }
 
 /// An item's passthrough handles: the kernel reads and writes the working copy's file
@@ -191,6 +196,14 @@ pub(super) fn note_maybe_landed(list: &mut Vec<(u32, u64)>, entry: (u32, u64)) {
 }
 
 impl Item {
+    /// Whether a version in staging file `id` was uploaded in parts, whose sweep is now due:
+    /// the file is unlisted (see [`Item::parts_files`]).
+    pub fn parts_in(&mut self, id: u64) -> bool {
+        let listed = self.parts_files.contains(&id);
+        self.parts_files.retain(|&f| f != id);
+        listed
+    }
+
     /// Whether the working copy's file is the one the unsaved record vouches for.
     pub fn work_is_unsaved_record(&self) -> bool {
         self.unsaved_record.is_some() && self.unsaved_file == Some(self.work_id)

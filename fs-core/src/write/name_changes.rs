@@ -479,9 +479,12 @@ impl<S: ObjectStore> WriteBack<S> {
             if p.id != it.work_id {
                 self.recycle(p.id);
             }
-            if p.size >= self.cfg.upload.single_shot_threshold {
+            if p.size >= self.cfg.upload.single_shot_threshold && !it.parts_files.contains(&p.id) {
                 self.sweep_parts(p.id, None);
             }
+        }
+        for f in std::mem::take(&mut it.parts_files) {
+            self.sweep_parts(f, None);
         }
         self.retire_if_settled(shared, it);
     }

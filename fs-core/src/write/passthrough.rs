@@ -13,8 +13,10 @@
 //!   accounting cannot see the kernel's writes as they happen.
 //! - **A live version.** A `close()` while passthrough handles stay open journals the file as
 //!   it is, without its CRC32C (computing it would read the whole file before `close()`
-//!   returns): such a version is never uploaded until the last handle's release, or an
-//!   `fsync`, seals it with its CRC32C (the release comes after `close()` returned). Its
+//!   returns): such a version is never uploaded until the last handle's release, an
+//!   `fsync`, or the engine once the upload is due (`seals_when_due`: a handle
+//!   left open must not hold a closed file out of the bucket) seals it with its CRC32C (the
+//!   release comes after `close()` returned). Its
 //!   record is *live*: the staging file, as it is, is the version, because the kernel may
 //!   still write it (handles open, or a shared mapping, whose stores can land after the
 //!   release). So a replay takes the file as it finds it (`replay`), and an upload that finds
@@ -26,7 +28,7 @@
 //!   a local file edited in place, and unlike a file written through the daemon, whose last
 //!   acknowledged version is kept whole. For that, a journal record names the file for as
 //!   long as the kernel may write it, past an upload too: a version that lands while its file
-//!   is still the working copy keeps its record ([`Item::kept_landed`]) until the file's next
+//!   is still the working copy keeps its record (`Item::kept_landed`) until the file's next
 //!   record replaces it, a hold or the name's removal drops it, the engine writes the file
 //!   itself, or the item retires (no handle, no mapping). A replay then uploads the file as it
 //!   finds it, over that upload, which it recognises as its own (an unchanged file is found
@@ -300,6 +302,22 @@ impl<S: ObjectStore> WriteBack<S> {
         it.edits += 1;
         shared.publish(it);
         self.recharge(shared, it);
+    }
+
+    /// Whether `it`'s pending version, closed while the kernel still writes its file (its
+    /// CRC32C to come), is sealed by the engine once due, as an fsync would seal it: not for
+    /// a file held or not saved (I10: only its user's save may save it), nor once the kernel
+    /// let go of it (its last release seals it).
+    pub(super) fn seals_when_due(it: &Item) -> bool {
+        it.life == Life::Live
+            && it.through.is_some()
+            && it.held.is_none()
+            && !it.close_failed
+            && it.unsaved_record.is_none()
+            && it
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.crc_pending && p.id == it.work_id)
     }
 
     /// Lets go of the record a landed version kept for the kernel's writes (see

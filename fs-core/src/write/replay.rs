@@ -147,6 +147,12 @@ impl<S: ObjectStore> WriteBack<S> {
                 look_unsaved: false,
                 kernel_seen: None,
                 kept_landed: None,
+                // Parts an attempt left: swept once a version of the file lands, whatever
+                // its size then.
+                parts_files: match &rec.state {
+                    UploadState::Uploading { parts, .. } if !parts.is_empty() => vec![rec.id],
+                    _ => Vec::new(),
+                },
             };
             item.sched.due_in(Duration::ZERO);
             if rec.disk_failed {
@@ -278,6 +284,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     look_unsaved: false,
                     kernel_seen: None,
                     kept_landed: None,
+                    parts_files: Vec::new(),
                 };
                 let shared = Shared::new(item);
                 self.space.charge_existing(&shared.charged, len);

@@ -34,16 +34,34 @@ impl<S: ObjectStore> WriteBack<S> {
     /// sealed without its CRC32C while its passthrough handles stay open, and the last
     /// release computes it ([`super::passthrough`]).
     pub(super) async fn commit_as(self: &Arc<Self>, item: &ItemRef, crc: bool) -> FsResult<()> {
+        self.commit_when(item, crc, |_| true, false).await
+    }
+
+    /// [`Self::commit_as`], made only while `when` holds of the item (checked under its lock):
+    /// the engine's own seals decide on the item as they find it. `user`: a close or fsync,
+    /// whose failure marks the item ([`Item::close_failed`]) under the same lock, so that no
+    /// seal of the engine's comes between the failure and its mark.
+    pub(super) async fn commit_when(
+        self: &Arc<Self>,
+        item: &ItemRef,
+        crc: bool,
+        when: impl Fn(&Item) -> bool,
+        user: bool,
+    ) -> FsResult<()> {
+        let failed = |it: &mut Item, e: FsError| {
+            it.close_failed |= user;
+            Err(e)
+        };
         loop {
             let mut it = item.0.item.lock().await;
-            if it.life != Life::Live {
+            if it.life != Life::Live || !when(&it) {
                 return Ok(());
             }
             // First what the kernel wrote, which may hold the file too.
             self.refresh(&item.0, &mut it);
             self.look_for_disk_errors(&mut it);
-            if let Some(e) = &it.held {
-                return Err(e.clone());
+            if let Some(e) = it.held.clone() {
+                return failed(&mut it, e);
             }
             let crc_now = crc || it.through.is_none();
             let unsealed = it
@@ -55,10 +73,15 @@ impl<S: ObjectStore> WriteBack<S> {
                 return Ok(());
             }
             let size = it.work.size();
-            self.reserve(&item.0, &it, size).await?;
+            if let Err(e) = self.reserve(&item.0, &it, size).await {
+                return failed(&mut it, e);
+            }
             let missing = it.work.missing(0..size);
             if missing.is_empty() {
-                return self.seal(&item.0, &mut it, crc_now).await;
+                return match self.seal(&item.0, &mut it, crc_now).await {
+                    Err(e) => failed(&mut it, e),
+                    ok => ok,
+                };
             }
             self.fill_holes(&item.0, it, missing).await?;
         }
@@ -327,7 +350,7 @@ impl<S: ObjectStore> WriteBack<S> {
     /// Close of one handle: commit, then either wait for the upload (`upload_on_close`) or let
     /// it run in the background. A commit that fails keeps the changes staged (not saved).
     pub async fn close(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
-        if let Err(e) = self.commit_as(item, false).await {
+        if let Err(e) = self.commit_when(item, false, |_| true, true).await {
             let mut it = item.0.item.lock().await;
             it.close_failed = true;
             self.keep_unsaved(&item.0, &mut it).await;
@@ -349,7 +372,7 @@ impl<S: ObjectStore> WriteBack<S> {
 
     /// Commits and waits until the item is in the bucket: fsync.
     pub async fn flush_to_bucket(self: &Arc<Self>, item: &ItemRef) -> FsResult<()> {
-        if let Err(e) = self.commit(item).await {
+        if let Err(e) = self.commit_when(item, true, |_| true, true).await {
             item.0.item.lock().await.close_failed = true;
             return Err(e);
         }
@@ -424,6 +447,10 @@ impl<S: ObjectStore> WriteBack<S> {
         }
         it.life = Life::Retired;
         self.drop_kept_landed(it);
+        // Parts a version in parts may have left, not swept by the landing of a smaller one.
+        for f in std::mem::take(&mut it.parts_files) {
+            self.sweep_parts(f, None);
+        }
         if let Some(u) = it.unsaved_record.take() {
             // Normally gone already (saved, or removed with the name).
             if let Err(e) = self.journal.forget(u) {

@@ -35,6 +35,9 @@ enum Step {
     /// Not yet time (or paused): wait to be woken, or until this instant.
     Wait(Option<tokio::time::Instant>),
     Upload(Box<Prepared>),
+    /// A version closed while the kernel still writes its file is due, without its CRC32C:
+    /// seal it now, as an fsync would ([`super::passthrough`]).
+    Seal,
 }
 
 struct Prepared {
@@ -75,6 +78,28 @@ impl<S: ObjectStore> WriteBack<S> {
                     }
                     None => woken.await,
                 },
+                Step::Seal => {
+                    let item = super::item::ItemRef(shared.clone());
+                    let sealed = self
+                        .commit_when(&item, true, Self::seals_when_due, false)
+                        .await;
+                    let mut it = shared.item.lock().await;
+                    match sealed {
+                        // It was due already: uploaded now.
+                        Ok(()) => it.sched.due_in(std::time::Duration::ZERO),
+                        // Held meanwhile (its close reports it), or the journal failed: tried
+                        // again after a backoff, never in a loop.
+                        Err(e) => {
+                            let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
+                            tracing::warn!(key = %it.key, error = %e, retry_in = ?wait, "cannot seal a file the kernel writes for its upload");
+                            // Held: kept as not saved now, as its last release would (a crash
+                            // must not replay its live record as it is, I10).
+                            if it.held.is_some() {
+                                self.keep_unsaved(&shared, &mut it).await;
+                            }
+                        }
+                    }
+                }
                 Step::Upload(p) => {
                     // The slot first: a task waiting for one holds no descriptor, and is not
                     // "uploading" (a rename or unlink need not wait for the queue).
@@ -102,10 +127,14 @@ impl<S: ObjectStore> WriteBack<S> {
             None => return Step::Wait(None),
             Some(_) => {}
         }
-        // A version whose CRC32C is still to come (the kernel writes its file) waits for the
-        // seal that computes it, which wakes the task.
+        // A version whose CRC32C is still to come (the kernel writes its file) is sealed now
+        // that it is due, unless something keeps it from the bucket; then it waits for the
+        // seal that saves it (a close, an fsync, the last release), which wakes the task.
         let Some(v) = it.pending.clone().filter(|v| !v.crc_pending) else {
-            return Step::Wait(None);
+            return match Self::seals_when_due(&it) {
+                true => Step::Seal,
+                false => Step::Wait(None),
+            };
         };
         let mut opts = WriteOptions {
             content_type: Some(content_type(&it.key)),
@@ -169,6 +198,9 @@ impl<S: ObjectStore> WriteBack<S> {
                 return;
             }
             it.sched.uploading = true;
+            if v.size >= self.cfg.upload.single_shot_threshold && !it.parts_files.contains(&v.id) {
+                it.parts_files.push(v.id);
+            }
         }
         let opened = match durable {
             Ok(()) => {
@@ -251,6 +283,9 @@ impl<S: ObjectStore> WriteBack<S> {
                     && it.held.is_none()
                     && !it.close_failed
                     && it.unsaved_record.is_none();
+                // Held just now (the look above): what the kernel wrote since is kept as not
+                // saved, under a record of its own, once the version's record goes below.
+                let keep_unsaved = current && v.live && v.id == it.work_id && it.held.is_some();
                 if keep {
                     it.pending = None;
                     // Its upload is done: a rename must not carry its session to a new name.
@@ -280,13 +315,23 @@ impl<S: ObjectStore> WriteBack<S> {
                     // The parts it listed were the ones just used and deleted.
                     newer.progress = UploadState::Staged;
                 }
+                if keep_unsaved {
+                    self.keep_unsaved(shared, &mut it).await;
+                }
                 if superseded(&it) {
                     self.recycle(v.id);
                 }
                 // Parts whose answer was lost are listed nowhere: sweep the version's prefix (all
                 // of the file's, unless a newer version of the same file may still use some).
-                if v.size >= self.cfg.upload.single_shot_threshold {
-                    let shared_file = it.pending.as_ref().is_some_and(|p| p.id == v.id);
+                // A version in parts earlier from the same file counts too, however small this
+                // one is (a file cut shorter since).
+                let shared_file = it.pending.as_ref().is_some_and(|p| p.id == v.id);
+                if v.size >= self.cfg.upload.single_shot_threshold
+                    || (it.parts_files.contains(&v.id) && !shared_file)
+                {
+                    if !shared_file {
+                        it.parts_in(v.id);
+                    }
                     self.sweep_parts(v.id, shared_file.then_some(v.seq));
                 }
                 // A version kept apart for this upload no longer takes space.
@@ -306,7 +351,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 if superseded(&it) {
                     let _ = self.dir.staging(v.id).remove();
-                    if v.size >= self.cfg.upload.single_shot_threshold {
+                    if v.size >= self.cfg.upload.single_shot_threshold || it.parts_in(v.id) {
                         self.sweep_parts(v.id, None);
                     }
                 }
@@ -321,6 +366,11 @@ impl<S: ObjectStore> WriteBack<S> {
                 let wait = it.sched.failed(self.cfg.retry_initial, self.cfg.retry_max);
                 it.note_maybe_landed(&v);
                 if current && it.life == Life::Live {
+                    // The kernel still writes the file: a dip in the disk's free space the
+                    // watch saw holds it before its changed bytes are taken as a new version.
+                    if v.id == it.work_id {
+                        self.refresh(shared, &mut it);
+                    }
                     if let Some(p) = it.pending.as_mut() {
                         if let Some(state) = progress {
                             p.progress = state;
@@ -365,7 +415,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     if let Some(state) = progress {
                         newer.progress = state;
                     }
-                } else if v.size >= self.cfg.upload.single_shot_threshold {
+                } else if v.size >= self.cfg.upload.single_shot_threshold || it.parts_in(v.id) {
                     // The version was superseded by one in another file, or deleted meanwhile:
                     // the parts of every version its file held are garbage.
                     self.sweep_parts(v.id, None);

@@ -360,6 +360,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 look_unsaved: false,
                 kernel_seen: None,
                 kept_landed: None,
+                parts_files: Vec::new(),
             };
             let shared = Shared::new(item);
             {
