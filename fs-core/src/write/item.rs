@@ -196,9 +196,9 @@ pub(super) fn note_maybe_landed(list: &mut Vec<(u32, u64)>, entry: (u32, u64)) {
 }
 
 impl Item {
-    /// Whether a version in staging file `id` was uploaded in parts, whose sweep is now due:
-    /// the file is unlisted (see [`Item::parts_files`]).
-    pub fn parts_in(&mut self, id: u64) -> bool {
+    /// Takes staging file `id` off [`Item::parts_files`], its sweep being due: whether it was
+    /// listed (a version of it was uploaded in parts).
+    pub fn unlist_parts_file(&mut self, id: u64) -> bool {
         let listed = self.parts_files.contains(&id);
         self.parts_files.retain(|&f| f != id);
         listed

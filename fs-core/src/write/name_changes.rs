@@ -479,13 +479,9 @@ impl<S: ObjectStore> WriteBack<S> {
             if p.id != it.work_id {
                 self.recycle(p.id);
             }
-            if p.size >= self.cfg.upload.single_shot_threshold && !it.parts_files.contains(&p.id) {
-                self.sweep_parts(p.id, None);
-            }
+            self.sweep_file_parts(it, p.id, p.size);
         }
-        for f in std::mem::take(&mut it.parts_files) {
-            self.sweep_parts(f, None);
-        }
+        self.sweep_listed_parts(it);
         self.retire_if_settled(shared, it);
     }
 }

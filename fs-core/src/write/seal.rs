@@ -448,9 +448,7 @@ impl<S: ObjectStore> WriteBack<S> {
         it.life = Life::Retired;
         self.drop_kept_landed(it);
         // Parts a version in parts may have left, not swept by the landing of a smaller one.
-        for f in std::mem::take(&mut it.parts_files) {
-            self.sweep_parts(f, None);
-        }
+        self.sweep_listed_parts(it);
         if let Some(u) = it.unsaved_record.take() {
             // Normally gone already (saved, or removed with the name).
             if let Err(e) = self.journal.forget(u) {

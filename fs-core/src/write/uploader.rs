@@ -330,7 +330,7 @@ impl<S: ObjectStore> WriteBack<S> {
                     || (it.parts_files.contains(&v.id) && !shared_file)
                 {
                     if !shared_file {
-                        it.parts_in(v.id);
+                        it.unlist_parts_file(v.id);
                     }
                     self.sweep_parts(v.id, shared_file.then_some(v.seq));
                 }
@@ -351,9 +351,7 @@ impl<S: ObjectStore> WriteBack<S> {
                 }
                 if superseded(&it) {
                     let _ = self.dir.staging(v.id).remove();
-                    if v.size >= self.cfg.upload.single_shot_threshold || it.parts_in(v.id) {
-                        self.sweep_parts(v.id, None);
-                    }
+                    self.sweep_file_parts(&mut it, v.id, v.size);
                 }
                 (self.on_settled)(&it.key, Some(&meta));
                 shared.progress.send_modify(|p| p.attempts += 1);
@@ -415,10 +413,10 @@ impl<S: ObjectStore> WriteBack<S> {
                     if let Some(state) = progress {
                         newer.progress = state;
                     }
-                } else if v.size >= self.cfg.upload.single_shot_threshold || it.parts_in(v.id) {
+                } else {
                     // The version was superseded by one in another file, or deleted meanwhile:
                     // the parts of every version its file held are garbage.
-                    self.sweep_parts(v.id, None);
+                    self.sweep_file_parts(&mut it, v.id, v.size);
                 }
                 if superseded(&it) {
                     let _ = self.dir.staging(v.id).remove();

@@ -531,6 +531,22 @@ impl<S: ObjectStore> WriteBack<S> {
         }
     }
 
+    /// Staging file `id` of `it` is done with: the parts of every version it held are swept,
+    /// if any may be left (a version of `size` goes up in parts; a smaller one may follow one
+    /// that did, [`Item::parts_files`]).
+    pub(super) fn sweep_file_parts(&self, it: &mut Item, id: u64, size: u64) {
+        if it.unlist_parts_file(id) || size >= self.cfg.upload.single_shot_threshold {
+            self.sweep_parts(id, None);
+        }
+    }
+
+    /// Sweeps every staging file `it` uploaded from in parts (it goes).
+    pub(super) fn sweep_listed_parts(&self, it: &mut Item) {
+        for f in std::mem::take(&mut it.parts_files) {
+            self.sweep_parts(f, None);
+        }
+    }
+
     /// Deletes every temporary object of version `id`, in the background, listing its prefix
     /// again until it is empty (a delete can fail too). A drain waits for it; what still fails
     /// after a few rounds is removed at the next mount.
