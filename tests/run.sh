@@ -18,6 +18,11 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace "$@" -- --skip sim_seeds --skip sim_shared_seeds \
   --skip soak_random_operations_with_faults_and_daemon_kills \
   --skip soak_two_mounts_and_a_direct_writer 2>&1 | tee "$log"
+# Root mounts pass files being written through to the kernel by default; the write, shared
+# and fault suites run once more with `--passthrough off`, so the daemon's write path (ordinary
+# users' mounts, --cache-size, edits of files not local) keeps its end-to-end coverage.
+E2E_PASSTHROUGH=off cargo test -p bucketdrive-tests "$@" --test write --test shared --test faults \
+  -- --skip soak_ 2>&1 | tee -a "$log"
 cargo test -p fs-core --test sim sim_seeds -- --nocapture 2>&1 | tee -a "$log"
 cargo test -p fs-core --test sim sim_shared_seeds -- --nocapture 2>&1 | tee -a "$log"
 cargo test -p bucketdrive-tests --test faults soak_random_operations_with_faults_and_daemon_kills \

@@ -21,7 +21,7 @@ use crate::read::{PrefetchConfig, ReadBudget, ReadCache, Reader};
 use crate::store::{ObjectMeta, ObjectStore};
 use crate::write::writeback::{ItemRef, LocalAttr, Status, WriteBack, WriteConfig};
 
-pub use passthrough::{KernelIo, PassthroughMode};
+pub use passthrough::{KernelIo, MountFacts, PassthroughMode, Through};
 
 /// The result of opening a file.
 #[derive(Debug, Clone)]
@@ -148,15 +148,37 @@ fn local_entry(key: &str, la: LocalAttr) -> Entry {
 
 impl<S: ObjectStore> Filesystem<S> {
     /// Turns passthrough on: the adapter found the kernel offering it and may register backing
-    /// files. From now on read opens of files wholly in the read cache may pass through
-    /// ([`passthrough`]), and, with `writes_wanted` (`--passthrough writes`), on a writable
-    /// mount without `--cache-size`, so may opens of files being written whose bytes are all
-    /// local ([`crate::write::passthrough`]); returns whether those do. Call before the first
-    /// open.
-    pub fn enable_passthrough(&self, writes_wanted: bool) -> bool {
-        let writes = writes_wanted && self.write.as_ref().is_some_and(|w| w.passthrough_allowed());
-        self.pt.enable(writes);
-        writes
+    /// files. From now on, as `wanted` says ([`PassthroughMode::decide`]), read opens of files
+    /// wholly in the read cache may pass through ([`passthrough`]), and, on a writable mount
+    /// without `--cache-size`, so may opens of files being written whose bytes are all local
+    /// ([`crate::write::passthrough`]); returns what does. Call before the first open.
+    pub fn enable_passthrough(&self, wanted: Through) -> Through {
+        let through = Through {
+            reads: wanted.reads && self.read_cache.is_some(),
+            writes: wanted.writes && self.write.as_ref().is_some_and(|w| w.passthrough_allowed()),
+        };
+        self.pt.enable(through);
+        through
+    }
+
+    /// What [`PassthroughMode::decide`] goes by for this mount; `root`: the process may
+    /// register backing files (`CAP_SYS_ADMIN`).
+    pub fn passthrough_facts(&self, root: bool) -> MountFacts {
+        let mut dirs = Vec::new();
+        if let Some(rc) = &self.read_cache {
+            dirs.push(rc.root());
+        }
+        if let Some(w) = &self.write {
+            dirs.push(w.staging_path());
+        }
+        MountFacts {
+            root,
+            read_only: self.is_read_only(),
+            read_cache: self.read_cache.is_some(),
+            writes_allowed: self.write.as_ref().is_some_and(|w| w.passthrough_allowed()),
+            refusal: crate::platform::passthrough_refusal(&dirs),
+            room: self.write.as_ref().is_some_and(|w| w.passthrough_room()),
+        }
     }
 
     /// Whether [`Self::enable_passthrough`] was called.

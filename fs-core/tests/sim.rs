@@ -51,7 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corelog::CoreLog;
-use fs_core::filesystem::{CreateFlags, Filesystem, KernelIo, OpenMode, TEMP_DIR};
+use fs_core::filesystem::{CreateFlags, Filesystem, KernelIo, OpenMode, Through, TEMP_DIR};
 use fs_core::store::memory::{FaultConfig, MemoryStore};
 use fs_core::write::upload::{UploadConfig, UploadMode};
 use fs_core::write::writeback::WriteConfig;
@@ -533,7 +533,10 @@ impl Sim {
             .map_err(|e| violation("I1", "a restart could not mount", e))?
         };
         if self.params.passthrough {
-            fs.enable_passthrough(true);
+            fs.enable_passthrough(Through {
+                reads: true,
+                writes: true,
+            });
         }
         self.t0 = rt.block_on(async { tokio::time::Instant::now() });
         self.rt = Some(rt);

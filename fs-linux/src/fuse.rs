@@ -83,7 +83,7 @@ pub struct FuseAdapter<S: ObjectStore> {
     fs: Arc<fs_core::Filesystem<S>>,
     rt: tokio::runtime::Handle,
     /// Whether to ask the kernel for passthrough, or why not (the core's decision).
-    passthrough: Result<bool, String>,
+    passthrough: Result<fs_core::filesystem::Through, String>,
     backings: Arc<Backings>,
     /// The process that opened each write handle, for its closes.
     openers: Arc<Openers>,
@@ -93,7 +93,7 @@ impl<S: ObjectStore> FuseAdapter<S> {
     pub fn new(
         fs: Arc<fs_core::Filesystem<S>>,
         rt: tokio::runtime::Handle,
-        passthrough: Result<bool, String>,
+        passthrough: Result<fs_core::filesystem::Through, String>,
     ) -> Self {
         FuseAdapter {
             fs,
@@ -299,10 +299,10 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         // Passthrough (the kernel reading files wholly in the read cache itself) is offered
         // only without the write-back cache, and only with a stack depth for backing files.
         let passthrough = match &self.passthrough {
-            Ok(writes) => match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+            Ok(wanted) => match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) => {
                     let _ = config.set_max_stack_depth(1);
-                    Ok(*writes)
+                    Ok(*wanted)
                 }
                 Err(_) => Err("the kernel does not offer it (Linux 6.9 or later)".to_string()),
             },
@@ -322,12 +322,16 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
             let _ = config.add_capabilities(wanted & !missing);
         }
         match passthrough {
-            Ok(writes) => {
-                let writes = self.fs.enable_passthrough(writes);
-                tracing::info!(
-                    "FUSE passthrough: on (the kernel itself reads files wholly in the read cache, once checked{})",
-                    if writes { ", and reads and writes files being written whose bytes are all local" } else { "" }
-                );
+            Ok(wanted) => {
+                let through = self.fs.enable_passthrough(wanted);
+                let reads = "reads files wholly in the read cache, once checked";
+                let writes = "reads and writes files being written whose bytes are all local";
+                let what = match (through.reads, through.writes) {
+                    (true, true) => format!("{reads}, and {writes}"),
+                    (true, false) => reads.to_string(),
+                    (false, _) => writes.to_string(),
+                };
+                tracing::info!("FUSE passthrough: on (the kernel itself {what})");
             }
             Err(why) => tracing::info!("FUSE passthrough: off ({why})"),
         }

@@ -100,13 +100,13 @@ pub struct MountArgs {
     /// Kernel read-ahead for the mount, so sequential reads arrive in 1 MiB requests.
     #[arg(long, value_parser = parse_size, default_value = "4MiB")]
     pub kernel_read_ahead: u64,
-    /// FUSE passthrough (Linux 6.9+, root mounts): the kernel reads a file wholly in the disk
-    /// read cache, once checked, straight from its cache file, at the local disk's speed.
-    /// `auto` uses it on --read-only mounts with a --read-cache-dir; `on` on writable ones too,
-    /// whose writes then go without the kernel's write-back cache; `writes` (experimental) as
-    /// `on`, and the kernel also reads and writes a new or rewritten file straight in its
-    /// staged copy (not with --cache-size); `off` never. The start-up log says which, and why
-    /// not.
+    /// FUSE passthrough (Linux 6.9+, root mounts): the kernel itself reads and writes local
+    /// files at the local disk's speed, without the daemon. `auto`: on --read-only mounts it
+    /// reads files wholly in the --read-cache-dir, once checked, from their cache files; on
+    /// writable ones it reads and writes new and rewritten files straight in their staged
+    /// copies (not with --cache-size). `on`: cached reads on writable mounts too; `writes`:
+    /// both; `off`: never. Any of them turns the kernel's write-back cache off for the mount's
+    /// other writes (docs/semantics.md). The start-up log says which, and why not.
     #[arg(long, default_value = "auto", value_parser = parse_passthrough)]
     pub passthrough: fs_core::filesystem::PassthroughMode,
     /// No program may be run from the mount (the kernel's noexec), as fstab's `noexec`.

@@ -189,9 +189,7 @@ fn serve(
     })?;
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    let passthrough =
-        args.passthrough
-            .decide(root, args.common.read_only, fs.read_cache().is_some());
+    let passthrough = args.passthrough.decide(&fs.passthrough_facts(root));
     let adapter = FuseAdapter::new(fs.clone(), rt.handle().clone(), passthrough);
     let kernel = KernelOptions {
         source: bucket,

@@ -1082,12 +1082,12 @@ const SOAK_MOUNT_ARGS: [&str; 8] = [
     "512KiB",
 ];
 
-/// The soak's mount options, with `--passthrough writes` when `passthrough`.
+/// The soak's mount options, with `--passthrough writes` when `passthrough`, else `off`: the
+/// default (`auto`) passes files being written through on these root mounts too, and the
+/// seeds without it keep the daemon's write path under kills and faults.
 fn soak_mount_args(passthrough: bool) -> Vec<&'static str> {
     let mut args = SOAK_MOUNT_ARGS.to_vec();
-    if passthrough {
-        args.extend(["--passthrough", "writes"]);
-    }
+    args.extend(["--passthrough", if passthrough { "writes" } else { "off" }]);
     args
 }
 
@@ -1410,8 +1410,8 @@ struct SoakConfig {
     /// A failed operation must fail with an error a faulty link explains (EIO, EAGAIN,
     /// ETIMEDOUT, ESTALE); `SOAK_STRICT_ERRORS=0` accepts any error that leaves a legal state.
     strict_errors: bool,
-    /// Mount with `--passthrough writes` (`SOAK_PASSTHROUGH=1`; `0`: never; by default the
-    /// even seeds).
+    /// Mount with `--passthrough writes` (`SOAK_PASSTHROUGH=1`; `0`: never, `off` instead; by
+    /// default the even seeds).
     passthrough: bool,
 }
 
@@ -1557,7 +1557,8 @@ fn with_watchdog<T>(
 /// `SOAK_SEED` runs one seed, else `SOAK_SEEDS` runs seeds 1 to N (default 3); `SOAK_OPS`
 /// operations per seed (default 60); `SOAK_KILLS=0` and `SOAK_FAULTS=0` leave out the kills or
 /// the faults. The even seeds mount with `--passthrough writes`, where the kernel writes new and
-/// rewritten files itself (`SOAK_PASSTHROUGH=1`: every seed, `0`: none). A failed operation
+/// rewritten files itself, the odd ones with `--passthrough off` (`SOAK_PASSTHROUGH=1`: every
+/// seed `writes`, `0`: every seed `off`). A failed operation
 /// must leave the state before or after it, and fail with an error a faulty link explains:
 /// with nobody else writing, `EEXIST` or `ENOENT` for an operation the reference says is valid
 /// is a bug (`SOAK_STRICT_ERRORS=0` accepts any error that leaves a legal state, to look past

@@ -50,7 +50,7 @@ fn staged_copy_let_go(addr: &str) -> Result<()> {
 fn a_new_file_is_written_and_read_by_the_kernel_itself() -> Result<()> {
     let emu = setup("ptw")?;
     let (m, addr) = mount(&emu, "ptw", &["--write-back-delay", "0s"])?;
-    wait_for_log(&m, "and reads and writes files being written")?;
+    wait_for_log(&m, "reads and writes files being written")?;
     let path = m.path().join("f.bin");
     let mut want = random_bytes(6 * MIB + 123, 1);
     let mut w = std::fs::OpenOptions::new()
@@ -99,6 +99,61 @@ fn a_new_file_is_written_and_read_by_the_kernel_itself() -> Result<()> {
     assert_eq!(metric(&addr, WRITTEN)?, 0.0, "the daemon wrote nothing");
     assert_eq!(metric(&addr, READ)?, 0.0, "the daemon read nothing");
     m.unmount()
+}
+
+/// The default (`--passthrough auto`) on a writable root mount: a file written whole (a new
+/// file, a copy over an existing one) is written by the kernel itself, and reaches the bucket
+/// exactly; an edit of an object whose bytes are not local goes through the daemon (and
+/// reaches the bucket exactly too).
+#[test]
+fn the_default_mount_has_the_kernel_write_files_written_whole() -> Result<()> {
+    let emu = setup("ptauto")?;
+    let old = random_bytes(2 * MIB + 5, 40);
+    emu.put("ptauto", "old.bin", &old)?;
+    let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
+    let m = Mount::new(
+        &emu,
+        "ptauto",
+        &["--passthrough", "auto", "--metrics-addr", &addr],
+    )?;
+    wait_for_log(
+        &m,
+        "FUSE passthrough: on (the kernel itself reads and writes files being written whose bytes are all local)",
+    )?;
+    let new = random_bytes(5 * MIB + 3, 41);
+    std::fs::write(m.path().join("new.bin"), &new)?;
+    let over = random_bytes(3 * MIB + 1, 42);
+    std::fs::write(m.path().join("old.bin"), &over)?;
+    assert_eq!(metric(&addr, OPENS)?, 2.0, "both opens passed through");
+    assert_eq!(metric(&addr, WRITTEN)?, 0.0, "the daemon wrote nothing");
+    let edited = random_bytes(MIB, 43);
+    emu.put("ptauto", "edit.bin", &edited)?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path().join("edit.bin"))?;
+    f.write_all_at(b"patch", 4096)?;
+    drop(f);
+    let mut want = edited.clone();
+    want[4096..4101].copy_from_slice(b"patch");
+    assert_eq!(
+        metric(&addr, OPENS)?,
+        2.0,
+        "the edit's open did not pass through"
+    );
+    assert_eq!(
+        metric(&addr, WRITTEN)?,
+        5.0,
+        "the edit went through the daemon"
+    );
+    m.unmount()?;
+    for (name, bytes) in [("new.bin", &new), ("old.bin", &over), ("edit.bin", &want)] {
+        assert_eq!(
+            sha256(&emu.get("ptauto", name)?),
+            sha256(bytes),
+            "{name} in the bucket"
+        );
+    }
+    Ok(())
 }
 
 /// A shared mapping that outlives its descriptor and the upload: a store through it after
@@ -243,16 +298,19 @@ fn without_passthrough_writes_go_through_the_daemon() -> Result<()> {
     let modes = [
         &["--passthrough", "off"][..],
         &["--passthrough", "on"][..],
-        &["--cache-size", "1GiB"][..],
+        &["--cache-size", "1GiB", "--passthrough", "writes"][..],
+        // The default asks for nothing where it would pass nothing through: the mount keeps
+        // the kernel's write-back cache.
+        &["--cache-size", "1GiB", "--passthrough", "auto"][..],
     ];
     for (i, extra) in modes.iter().enumerate() {
         let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
         let mut args = vec!["--metrics-addr", &addr, "--write-back-delay", "0s"];
         args.extend_from_slice(extra);
-        if i == 2 {
-            args.extend_from_slice(&["--passthrough", "writes"]);
-        }
         let m = Mount::new(&emu, "ptoff", &args)?;
+        if i == 3 {
+            wait_for_log(&m, "FUSE passthrough: off (--cache-size")?;
+        }
         let name = format!("f{i}");
         std::fs::write(m.path().join(&name), &data)?;
         wait_for_object(&emu, "ptoff", &name, &sha256(&data), 60)?;
@@ -347,7 +405,7 @@ fn pipe() -> Result<(std::fs::File, std::fs::File)> {
 fn a_mapping_handed_to_a_child_is_followed_after_the_opener_lets_go() -> Result<()> {
     let emu = setup("ptk")?;
     let (m, addr) = mount(&emu, "ptk", &["--write-back-delay", "0s"])?;
-    wait_for_log(&m, "and reads and writes files being written")?;
+    wait_for_log(&m, "reads and writes files being written")?;
     let path = m.path().join("k.bin");
     let mut want = random_bytes(MIB + 5, 50);
     let len = want.len();
@@ -395,7 +453,7 @@ fn a_mapping_that_outlives_a_kill_is_followed_by_the_next_mount() -> Result<()> 
     let cache = tempfile::tempdir()?;
     let args = ["--passthrough", "writes", "--write-back-delay", "1h"];
     let m = Mount::with_cache(&emu, "ptx", cache.path(), &args)?;
-    wait_for_log(&m, "and reads and writes files being written")?;
+    wait_for_log(&m, "reads and writes files being written")?;
     let mut want = random_bytes(MIB + 9, 60);
     let len = want.len();
     let f = std::fs::OpenOptions::new()
@@ -575,7 +633,7 @@ fn a_write_back_the_cache_disk_failed_is_uploaded_only_as_written() -> Result<()
             &addr,
         ],
     )?;
-    wait_for_log(&m, "and reads and writes files being written")?;
+    wait_for_log(&m, "reads and writes files being written")?;
     let failures = |m: &Mount| {
         m.log_text()
             .matches("could not write a staged file back")

@@ -569,7 +569,8 @@ fn a_file_wholly_in_the_read_cache_is_read_by_the_kernel_itself() -> Result<()> 
 }
 
 /// Without passthrough the same reads go through the daemon as before: `--passthrough off`,
-/// and a writable mount under `auto` (which says why in its log).
+/// and a writable mount under `auto`, which passes only files being written through (so that
+/// a writer never meets readers passing through as a busy file), and says so in its log.
 #[test]
 fn passthrough_off_and_writable_mounts_read_through_the_daemon() -> Result<()> {
     let emu = setup("pthruoff")?;
@@ -577,12 +578,22 @@ fn passthrough_off_and_writable_mounts_read_through_the_daemon() -> Result<()> {
     emu.put("pthruoff", "f.bin", &data)?;
     let rc = tempfile::Builder::new().prefix("bd-rcache").tempdir()?;
     let rc_dir = rc.path().to_string_lossy().into_owned();
-    for extra in [&["--read-only", "--passthrough", "off"][..], &[][..]] {
+    let cases = [
+        (
+            &["--read-only", "--passthrough", "off"][..],
+            "FUSE passthrough: off",
+        ),
+        (
+            &["--passthrough", "auto"][..],
+            "FUSE passthrough: on (the kernel itself reads and writes files being written whose bytes are all local)",
+        ),
+    ];
+    for (extra, says) in cases {
         let addr = format!("127.0.0.1:{}", bucketdrive_tests::free_port()?);
         let mut args = vec!["--read-cache-dir", &rc_dir, "--metrics-addr", &addr];
         args.extend_from_slice(extra);
         let m = Mount::new(&emu, "pthruoff", &args)?;
-        wait_for_log(&m, "FUSE passthrough: off")?;
+        wait_for_log(&m, says)?;
         for _ in 0..4 {
             drop_page_cache()?;
             assert_eq!(

@@ -669,6 +669,16 @@ impl Mount {
         for (k, v) in env {
             command.env(k, v);
         }
+        // `E2E_PASSTHROUGH=MODE` runs the suites again with `--passthrough MODE` on every
+        // writable mount that does not choose its own (`off`: writes through the daemon).
+        if let Some(mode) = std::env::var_os("E2E_PASSTHROUGH") {
+            if !args
+                .iter()
+                .any(|a| *a == "--passthrough" || *a == "--read-only")
+            {
+                command.arg("--passthrough").arg(mode);
+            }
+        }
         let child = command
             .args(args)
             .stdout(Stdio::null())

@@ -46,44 +46,103 @@ const RELEASE_GRACE: Duration = Duration::from_millis(250);
 /// `--passthrough`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PassthroughMode {
-    /// Where the kernel and the mount's privileges allow it, and the mount does not lose by
-    /// it ([`Self::decide`]).
+    /// Where the kernel and the mount's privileges allow it, in the way the mount gains by
+    /// ([`Self::decide`]): reads of cached files on `--read-only` mounts, files being written
+    /// on writable ones.
     #[default]
     Auto,
-    /// Wherever the kernel and privileges allow it, writable mounts too (their writes then go
-    /// without the kernel's write-back cache).
+    /// Reads of cached files wherever the kernel and privileges allow it, writable mounts too
+    /// (their writes then go without the kernel's write-back cache, and a writer meeting such
+    /// readers gets `ETXTBSY`).
     On,
     /// As `On`, and files being written pass through to their staged copies too
-    /// ([`crate::write::passthrough`]). Experimental: see docs/semantics.md for what it does
-    /// not yet keep.
+    /// ([`crate::write::passthrough`]).
     Writes,
     Off,
 }
 
+/// What passes through on a mount that asks the kernel for passthrough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Through {
+    /// Reads of files wholly in the read cache, from their cache files.
+    pub reads: bool,
+    /// Files being written whose bytes are all local, to their staged copies.
+    pub writes: bool,
+}
+
+/// What [`PassthroughMode::decide`] goes by.
+#[derive(Debug, Clone, Default)]
+pub struct MountFacts {
+    /// The mount may register backing files (`CAP_SYS_ADMIN`).
+    pub root: bool,
+    /// No writes through the mount.
+    pub read_only: bool,
+    /// There is a `--read-cache-dir`, whose files reads can pass through to.
+    pub read_cache: bool,
+    /// Files being written may pass through: no `--cache-size`, whose accounting cannot see
+    /// the kernel's writes as they happen.
+    pub writes_allowed: bool,
+    /// Why the kernel would refuse every backing file here, if it would: the cache disks'
+    /// file systems, the mount's user namespace ([`crate::platform::passthrough_refusal`]).
+    pub refusal: Option<String>,
+    /// The cache disk has room for the kernel's writes now
+    /// ([`crate::write::passthrough::PASSTHROUGH_ROOM`]).
+    pub room: bool,
+}
+
 impl PassthroughMode {
     /// Whether a mount should ask the kernel for passthrough, and if not why not (one line,
-    /// for the start-up log). `root`: the mount may register backing files (`CAP_SYS_ADMIN`).
-    /// `read_only`: no writes through the mount, so nothing loses the kernel's write-back
-    /// cache, which passthrough turns off for the whole mount. `read_cache`: there are local
-    /// files to pass reads through to (a writable mount has its files being written).
+    /// for the start-up log).
     ///
-    /// `Ok(writes)`: ask for it, and whether files being written pass through too.
-    pub fn decide(self, root: bool, read_only: bool, read_cache: bool) -> Result<bool, String> {
-        let writes = self == PassthroughMode::Writes && !read_only;
-        match self {
-            PassthroughMode::Off => Err("--passthrough off".into()),
-            _ if !root => Err("it needs root (CAP_SYS_ADMIN) to register backing files".into()),
-            _ if !read_cache && !writes => {
-                Err("no --read-cache-dir: no local file to pass reads through to".into())
-            }
-            PassthroughMode::On | PassthroughMode::Writes => Ok(writes),
-            PassthroughMode::Auto if !read_only => Err(
-                "the mount is writable, and passthrough would turn the kernel's write-back cache \
-                 off for all its writes (docs/semantics.md); --read-only mounts use it"
-                    .into(),
-            ),
-            PassthroughMode::Auto => Ok(false),
+    /// Asking costs the mount the kernel's write-back cache (the kernel offers passthrough only
+    /// without it): every write through the daemon then arrives as the program makes it, 4 KiB
+    /// at a time for `dd bs=4k`, instead of in batches. `auto` weighs that by what the mount
+    /// does (docs/benchmarks.md, "The default"): a `--read-only` mount loses nothing, so its
+    /// cached files are read by the kernel; a writable mount gains most from the files it
+    /// writes whole (copies, saves: 2.8 times faster until `close()` returns), so those pass
+    /// through, and cached reads do not, so that a writer never meets readers passing
+    /// through as a busy file. It asks only where the kernel would grant something: not when
+    /// every backing file would be refused, nor for writes when `--cache-size` keeps them off
+    /// or the cache disk has no room for them now (a mount that would pass nothing through
+    /// must keep its write-back cache).
+    pub fn decide(self, f: &MountFacts) -> Result<Through, String> {
+        let writable = !f.read_only;
+        let through = match self {
+            PassthroughMode::Off => return Err("--passthrough off".into()),
+            PassthroughMode::Auto if writable => Through {
+                reads: false,
+                writes: true,
+            },
+            PassthroughMode::Auto | PassthroughMode::On => Through {
+                reads: true,
+                writes: false,
+            },
+            PassthroughMode::Writes => Through {
+                reads: true,
+                writes: writable,
+            },
+        };
+        if !f.root {
+            return Err("it needs root (CAP_SYS_ADMIN) to register backing files".into());
         }
+        if let Some(why) = &f.refusal {
+            return Err(why.clone());
+        }
+        let reads = through.reads && f.read_cache;
+        let writes =
+            through.writes && f.writes_allowed && (f.room || self != PassthroughMode::Auto);
+        if reads || writes {
+            return Ok(Through { reads, writes });
+        }
+        Err(if through.writes && !f.writes_allowed {
+            "--cache-size: its accounting cannot see the kernel's writes, so files being \
+             written go through bucketdrive"
+                .into()
+        } else if through.writes {
+            "the cache disk has less than 1 GiB free for files the kernel would write".into()
+        } else {
+            "no --read-cache-dir: no local file to pass reads through to".into()
+        })
     }
 }
 
@@ -117,6 +176,8 @@ pub(super) struct Passthrough {
     enabled: AtomicBool,
     /// New opens may pass through (off again once the kernel refused a backing file).
     offering: AtomicBool,
+    /// Files wholly in the read cache may pass through to their cache files.
+    reads: AtomicBool,
     /// Files being written may pass through to their working copies (a writable mount).
     writes: AtomicBool,
     inodes: Mutex<HashMap<Ino, InodeIo>>,
@@ -178,11 +239,12 @@ impl Drop for Change<'_> {
 }
 
 impl Passthrough {
-    /// `writes`: files being written pass through to their working copies too.
-    pub fn enable(&self, writes: bool) {
+    /// `through`: which files pass through.
+    pub fn enable(&self, through: Through) {
         self.enabled.store(true, Ordering::SeqCst);
         self.offering.store(true, Ordering::SeqCst);
-        self.writes.store(writes, Ordering::SeqCst);
+        self.reads.store(through.reads, Ordering::SeqCst);
+        self.writes.store(through.writes, Ordering::SeqCst);
     }
 
     pub fn enabled(&self) -> bool {
@@ -274,8 +336,9 @@ impl Passthrough {
                     st.through += 1;
                     return (KernelIo::Passthrough(file.clone()), Counted::Through);
                 }
-                let offered =
-                    self.offering.load(Ordering::SeqCst) && !self.changing.lock().contains_key(key);
+                let offered = self.offering.load(Ordering::SeqCst)
+                    && self.reads.load(Ordering::SeqCst)
+                    && !self.changing.lock().contains_key(key);
                 if st.through > 0 || st.other > 0 || !offered {
                     st.other += 1;
                     return (KernelIo::Daemon, Counted::Other);
@@ -445,6 +508,11 @@ impl Passthrough {
 mod tests {
     use super::*;
 
+    const READS: Through = Through {
+        reads: true,
+        writes: false,
+    };
+
     fn file() -> File {
         tempfile::tempfile().unwrap()
     }
@@ -453,13 +521,83 @@ mod tests {
         matches!(io, KernelIo::Passthrough(_))
     }
 
+    /// What each mode asks for: `auto` reads on read-only mounts and writes on writable
+    /// ones, and nothing where nothing would pass (the write-back cache is kept).
+    #[test]
+    fn each_mode_asks_for_what_the_mount_gains_by() {
+        use PassthroughMode::*;
+        let facts = |read_only, read_cache| MountFacts {
+            root: true,
+            read_only,
+            read_cache,
+            writes_allowed: true,
+            refusal: None,
+            room: true,
+        };
+        let t = |reads, writes| Ok(Through { reads, writes });
+        assert_eq!(Auto.decide(&facts(true, true)), t(true, false));
+        assert_eq!(Auto.decide(&facts(false, true)), t(false, true));
+        assert_eq!(Auto.decide(&facts(false, false)), t(false, true));
+        assert_eq!(On.decide(&facts(false, true)), t(true, false));
+        assert_eq!(Writes.decide(&facts(false, true)), t(true, true));
+        assert_eq!(Writes.decide(&facts(true, true)), t(true, false));
+        assert!(
+            Auto.decide(&facts(true, false)).is_err(),
+            "read-only, no cache"
+        );
+        assert!(On.decide(&facts(false, false)).is_err());
+        assert!(Off.decide(&facts(false, true)).is_err());
+        let no = |f: MountFacts| Auto.decide(&f).unwrap_err();
+        assert!(no(MountFacts {
+            root: false,
+            ..facts(false, true)
+        })
+        .contains("root"));
+        assert!(no(MountFacts {
+            refusal: Some("overlayfs".into()),
+            ..facts(false, true)
+        })
+        .contains("overlayfs"));
+        assert!(no(MountFacts {
+            writes_allowed: false,
+            ..facts(false, true)
+        })
+        .contains("--cache-size"));
+        assert!(no(MountFacts {
+            room: false,
+            ..facts(false, true)
+        })
+        .contains("1 GiB free"));
+        // Asked for by name, writes pass through once the disk has room again.
+        let low = MountFacts {
+            room: false,
+            ..facts(false, false)
+        };
+        assert_eq!(Writes.decide(&low), t(false, true));
+    }
+
+    /// With reads not passing through (a writable mount under `auto`), a reader of a cached
+    /// file goes through the daemon, and a writer beside it is never told the file is busy.
+    #[tokio::test]
+    async fn without_reads_a_cached_file_is_read_through_the_daemon() {
+        let p = Passthrough::default();
+        p.enable(Through {
+            reads: false,
+            writes: true,
+        });
+        let (r, cr) = p.read_open(1, "k", || async { panic!("not asked") }).await;
+        assert!(!through(&r));
+        assert!(p.begin_change("k", Some(1)).await.is_ok());
+        p.release(1, cr);
+    }
+
     #[tokio::test]
     async fn one_backing_file_per_inode_and_no_change_beside_it() {
         let p = Passthrough::default();
         let off = p.read_open(1, "k", || async { Some(file()) }).await;
         assert!(!through(&off.0), "off");
         assert!(p.other_open(1).is_ok(), "off: anything goes");
-        p.enable(false);
+        p.enable(READS);
         let (a, ca) = p.read_open(1, "k", || async { Some(file()) }).await;
         let (b, cb) = p
             .read_open(1, "k", || async { panic!("asked twice") })

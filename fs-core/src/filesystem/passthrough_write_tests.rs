@@ -28,7 +28,11 @@ fn wcfg(cache: &std::path::Path, delay: Duration) -> WriteConfig {
 fn mount(store: &Arc<MemoryStore>, w: WriteConfig) -> Filesystem<MemoryStore> {
     let fs = Filesystem::with_write(store.clone(), MountConfig::new("bkt"), w).unwrap();
     assert!(
-        fs.enable_passthrough(true),
+        fs.enable_passthrough(Through {
+            reads: true,
+            writes: true
+        })
+        .writes,
         "files being written pass through"
     );
     fs

@@ -262,6 +262,52 @@ pub fn writeback_error(file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Why the kernel would refuse every backing file of a FUSE passthrough mount here, if it
+/// would, for the start-up decision ([`crate::filesystem::PassthroughMode::decide`]): asking
+/// for passthrough costs the mount the kernel's write-back cache, which must not be given up
+/// for nothing. `dirs`: the directories whose files would be backing files.
+///
+/// - Registering a backing file needs `CAP_SYS_ADMIN` in the initial user namespace, which
+///   no root of a user namespace (a rootless container) has.
+/// - A backing file must not be on a stacked file system (overlayfs, eCryptfs) while the
+///   mount allows a stacking depth of one (`ELOOP`).
+pub fn passthrough_refusal(dirs: &[&Path]) -> Option<String> {
+    #[cfg(target_os = "linux")]
+    {
+        // The initial namespace maps every id to itself.
+        if let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") {
+            if map.split_whitespace().ne(["0", "0", "4294967295"]) {
+                return Some(
+                    "the mount runs in a user namespace, where no one may register backing files"
+                        .into(),
+                );
+            }
+        }
+        for dir in dirs {
+            let Ok(st) = rustix::fs::statfs(*dir) else {
+                continue;
+            };
+            // f_type is a signed word on some targets, unsigned on others.
+            #[allow(clippy::unnecessary_cast)]
+            let name = match st.f_type as i64 {
+                0x794c_7630 => "overlayfs",
+                0xf15f => "eCryptfs",
+                _ => continue,
+            };
+            return Some(format!(
+                "{} is on {name}, a stacked file system the kernel takes no backing file from",
+                dir.display()
+            ));
+        }
+        None
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dirs;
+        Some("FUSE passthrough is Linux's".into())
+    }
+}
+
 /// Whether an I/O error means the local disk is full (or over quota).
 pub fn is_disk_full(e: &io::Error) -> bool {
     matches!(

@@ -44,8 +44,9 @@
 //!   Nor is a pending version of the same file, changed in place since its seal, uploaded
 //!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
 //!   looks is seen by the watch of the disk's free space ([`super::space_watch`]) while a
-//!   handle is open, unless the dip fell between two of its polls and the mount itself did
-//!   not end it (the watch looks before each of the mount's frees); a store through a mapping
+//!   handle is open, unless it was made in one step (`fallocate`) and undone between two of
+//!   its polls, 10 ms apart (the watch looks before each of the mount's own frees, and a
+//!   dip made by writing takes longer than that); a store through a mapping
 //!   after the last release is looked at with the mapping (every [`MAPPING_POLL`]); `EIO`
 //!   from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
@@ -88,8 +89,10 @@ use crate::store::ObjectStore;
 pub const PASSTHROUGH_ROOM: u64 = 1 << 30;
 
 /// Free space on the cache disk below which a write the kernel made may have failed unseen
-/// (see the module doc): the file is held. Writes fail for space with about none left.
-pub const HOLD_ROOM: u64 = 64 << 20;
+/// (see the module doc): the file is held. Writes fail for space with about none left; the
+/// margin is what a dip must write between two looks of the watch to go unseen
+/// ([`super::space_watch`]).
+pub const HOLD_ROOM: u64 = 256 << 20;
 
 /// How often a file still mapped after its last release is looked at.
 pub const MAPPING_POLL: Duration = Duration::from_secs(2);
@@ -165,6 +168,17 @@ impl<S: ObjectStore> WriteBack<S> {
     /// whose accounting cannot see the kernel's writes as they happen.
     pub fn passthrough_allowed(&self) -> bool {
         self.cfg.cache_size.is_none()
+    }
+
+    /// Whether the cache disk has room for a file to be handed to the kernel now
+    /// ([`PASSTHROUGH_ROOM`]).
+    pub fn passthrough_room(&self) -> bool {
+        self.kernel_room.has(PASSTHROUGH_ROOM)
+    }
+
+    /// The directory of the staged copies, which files being written pass through to.
+    pub fn staging_path(&self) -> &std::path::Path {
+        self.kernel_room.staging.path()
     }
 
     /// The working copy's file for the kernel to read and write itself, if `item` may pass

@@ -14,10 +14,16 @@
 //! dropped), most often just when the disk is full: writes fail then, uploads go on and
 //! finish. So the watch also looks before every such free ([`SpaceWatch::look_now`], run by
 //! [`crate::platform::Dir::before_freeing`]), and a dip the mount ends itself is seen by the
-//! files passing through then. A dip another program makes (or another mount on the same
-//! disk), that begins and ends between two polls, still goes unseen, and so does one while no
-//! handle of the file is open (a store through a mapping after the last release: the
-//! mapping's watch looks at the disk every 2 s).
+//! files passing through then.
+//!
+//! A dip another program makes (or another mount on the same disk) is seen when it is made by
+//! writing: the watch looks every [`POLL`], and a look counts the disk nearly full below
+//! [`super::passthrough::HOLD_ROOM`] free, so a dip that began and ended between two looks
+//! had to write that much (256 MiB) in under 10 ms, 25 GB/s, past what a disk or a `write()`
+//! into the page cache reaches. One made in a single step and undone within 10 ms (a file
+//! `fallocate`d over the disk's last free space, a reflink copy, then removed) goes unseen, and
+//! so does one while no handle of the file is open (a store through a mapping after the last
+//! release: the mapping's watch looks at the disk every 2 s).
 //!
 //! The watch costs one `fstatvfs` per poll and per free, and only while a file passes through.
 
@@ -26,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the watch looks at the disk.
-pub const POLL: Duration = Duration::from_millis(100);
+pub const POLL: Duration = Duration::from_millis(10);
 
 /// The watch of one cache disk.
 #[derive(Default, Clone)]
