@@ -164,19 +164,22 @@ impl<S: ObjectStore> Filesystem<S> {
     /// What [`PassthroughMode::decide`] goes by for this mount; `root`: the process may
     /// register backing files (`CAP_SYS_ADMIN`).
     pub fn passthrough_facts(&self, root: bool) -> MountFacts {
-        let mut dirs = Vec::new();
-        if let Some(rc) = &self.read_cache {
-            dirs.push(rc.root());
-        }
-        if let Some(w) = &self.write {
-            dirs.push(w.staging_path());
-        }
+        let stacked = |dir: &std::path::Path| {
+            crate::platform::stacked_fs(dir).map(|fs| {
+                format!(
+                    "{} is on {fs}, a stacked file system the kernel takes no backing file from",
+                    dir.display()
+                )
+            })
+        };
         MountFacts {
             root,
             read_only: self.is_read_only(),
             read_cache: self.read_cache.is_some(),
             writes_allowed: self.write.as_ref().is_some_and(|w| w.passthrough_allowed()),
-            refusal: crate::platform::passthrough_refusal(&dirs),
+            refusal: crate::platform::passthrough_refusal(),
+            read_refusal: self.read_cache.as_ref().and_then(|rc| stacked(rc.root())),
+            write_refusal: self.write.as_ref().and_then(|w| stacked(w.staging_path())),
             room: self.write.as_ref().is_some_and(|w| w.passthrough_room()),
         }
     }

@@ -386,12 +386,16 @@ fn root_mounts_for_another_user_with_allow_other() -> Result<()> {
 
 /// Makes `bucketdrive` the one `mount.fuse3` finds: mount(8) runs helpers with a minimal
 /// `PATH`, so the binary under test is linked from /usr/local/bin for the test's duration.
+/// One test at a time holds the link: another's would be removed under it.
 struct OnDefaultPath {
     link: PathBuf,
+    _one: std::sync::MutexGuard<'static, ()>,
 }
 
 impl OnDefaultPath {
     fn new(bin: &Path) -> Result<Self> {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
         let link = PathBuf::from("/usr/local/bin/bucketdrive");
         if let Ok(existing) = std::fs::symlink_metadata(&link) {
             anyhow::ensure!(
@@ -403,7 +407,7 @@ impl OnDefaultPath {
         }
         std::fs::create_dir_all("/usr/local/bin")?;
         std::os::unix::fs::symlink(bin, &link)?;
-        Ok(OnDefaultPath { link })
+        Ok(OnDefaultPath { link, _one: one })
     }
 }
 

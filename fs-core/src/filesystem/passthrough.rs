@@ -82,9 +82,14 @@ pub struct MountFacts {
     /// Files being written may pass through: no `--cache-size`, whose accounting cannot see
     /// the kernel's writes as they happen.
     pub writes_allowed: bool,
-    /// Why the kernel would refuse every backing file here, if it would: the cache disks'
-    /// file systems, the mount's user namespace ([`crate::platform::passthrough_refusal`]).
+    /// Why the kernel would refuse every backing file here, if it would: the mount's user
+    /// namespace ([`crate::platform::passthrough_refusal`]).
     pub refusal: Option<String>,
+    /// Why it would refuse the read cache's files (its file system,
+    /// [`crate::platform::stacked_fs`]), if it would.
+    pub read_refusal: Option<String>,
+    /// Why it would refuse the staged copies, if it would.
+    pub write_refusal: Option<String>,
     /// The cache disk has room for the kernel's writes now
     /// ([`crate::write::passthrough::PASSTHROUGH_ROOM`]).
     pub room: bool,
@@ -97,7 +102,7 @@ impl PassthroughMode {
     /// Asking costs the mount the kernel's write-back cache (the kernel offers passthrough only
     /// without it): every write through the daemon then arrives as the program makes it, 4 KiB
     /// at a time for `dd bs=4k`, instead of in batches. `auto` weighs that by what the mount
-    /// does (docs/benchmarks.md, "The default"): a `--read-only` mount loses nothing, so its
+    /// does (docs/benchmarks.md, "Writes until close(), memory warmed"): a `--read-only` mount loses nothing, so its
     /// cached files are read by the kernel; a writable mount gains most from the files it
     /// writes whole (copies, saves: 2.8 times faster until `close()` returns), so those pass
     /// through, and cached reads do not, so that a writer never meets readers passing
@@ -128,9 +133,11 @@ impl PassthroughMode {
         if let Some(why) = &f.refusal {
             return Err(why.clone());
         }
-        let reads = through.reads && f.read_cache;
-        let writes =
-            through.writes && f.writes_allowed && (f.room || self != PassthroughMode::Auto);
+        let reads = through.reads && f.read_cache && f.read_refusal.is_none();
+        let writes = through.writes
+            && f.writes_allowed
+            && f.write_refusal.is_none()
+            && (f.room || self != PassthroughMode::Auto);
         if reads || writes {
             return Ok(Through { reads, writes });
         }
@@ -138,8 +145,12 @@ impl PassthroughMode {
             "--cache-size: its accounting cannot see the kernel's writes, so files being \
              written go through bucketdrive"
                 .into()
+        } else if let (true, Some(why)) = (through.writes, &f.write_refusal) {
+            why.clone()
         } else if through.writes {
             "the cache disk has less than 1 GiB free for files the kernel would write".into()
+        } else if let (true, Some(why)) = (f.read_cache, &f.read_refusal) {
+            why.clone()
         } else {
             "no --read-cache-dir: no local file to pass reads through to".into()
         })
@@ -532,6 +543,8 @@ mod tests {
             read_cache,
             writes_allowed: true,
             refusal: None,
+            read_refusal: None,
+            write_refusal: None,
             room: true,
         };
         let t = |reads, writes| Ok(Through { reads, writes });
@@ -558,6 +571,23 @@ mod tests {
             ..facts(false, true)
         })
         .contains("overlayfs"));
+        // A stacked file system under one kind of file leaves the other passing through.
+        let staged_on_overlay = MountFacts {
+            write_refusal: Some("staging on overlayfs".into()),
+            ..facts(false, true)
+        };
+        assert!(no(staged_on_overlay.clone()).contains("overlayfs"));
+        assert_eq!(Writes.decide(&staged_on_overlay), t(true, false));
+        let cache_on_overlay = MountFacts {
+            read_refusal: Some("read cache on overlayfs".into()),
+            ..facts(false, true)
+        };
+        assert_eq!(Auto.decide(&cache_on_overlay), t(false, true));
+        assert_eq!(Writes.decide(&cache_on_overlay), t(false, true));
+        assert!(On
+            .decide(&cache_on_overlay)
+            .unwrap_err()
+            .contains("overlayfs"));
         assert!(no(MountFacts {
             writes_allowed: false,
             ..facts(false, true)

@@ -262,49 +262,57 @@ pub fn writeback_error(file: &File) -> io::Result<()> {
     Ok(())
 }
 
-/// Why the kernel would refuse every backing file of a FUSE passthrough mount here, if it
-/// would, for the start-up decision ([`crate::filesystem::PassthroughMode::decide`]): asking
-/// for passthrough costs the mount the kernel's write-back cache, which must not be given up
-/// for nothing. `dirs`: the directories whose files would be backing files.
-///
-/// - Registering a backing file needs `CAP_SYS_ADMIN` in the initial user namespace, which
-///   no root of a user namespace (a rootless container) has.
-/// - A backing file must not be on a stacked file system (overlayfs, eCryptfs) while the
-///   mount allows a stacking depth of one (`ELOOP`).
-pub fn passthrough_refusal(dirs: &[&Path]) -> Option<String> {
+/// Why the kernel would refuse every backing file of a FUSE passthrough mount made by this
+/// process, if it would, for the start-up decision
+/// ([`crate::filesystem::PassthroughMode::decide`]): asking for passthrough costs the mount
+/// the kernel's write-back cache, which must not be given up for nothing. Registering a
+/// backing file needs `CAP_SYS_ADMIN` in the initial user namespace, which no root of a user
+/// namespace (a rootless container) has.
+pub fn passthrough_refusal() -> Option<String> {
     #[cfg(target_os = "linux")]
     {
-        // The initial namespace maps every id to itself.
-        if let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") {
-            if map.split_whitespace().ne(["0", "0", "4294967295"]) {
-                return Some(
-                    "the mount runs in a user namespace, where no one may register backing files"
-                        .into(),
-                );
-            }
-        }
-        for dir in dirs {
-            let Ok(st) = rustix::fs::statfs(*dir) else {
-                continue;
-            };
-            // f_type is a signed word on some targets, unsigned on others.
-            #[allow(clippy::unnecessary_cast)]
-            let name = match st.f_type as i64 {
-                0x794c_7630 => "overlayfs",
-                0xf15f => "eCryptfs",
-                _ => continue,
-            };
-            return Some(format!(
-                "{} is on {name}, a stacked file system the kernel takes no backing file from",
-                dir.display()
-            ));
-        }
-        None
+        let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
+        (!initial_namespace(&map)).then(|| {
+            "the mount runs in a user namespace, where no one may register backing files".into()
+        })
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = dirs;
         Some("FUSE passthrough is Linux's".into())
+    }
+}
+
+/// Whether `uid_map` (as `/proc/self/uid_map` shows it) is the initial user namespace's,
+/// which maps every id to itself.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn initial_namespace(uid_map: &str) -> bool {
+    uid_map.split_whitespace().eq(["0", "0", "4294967295"])
+}
+
+/// The name of the stacked file system `dir` is on (overlayfs, eCryptfs), if it is: the
+/// kernel takes no backing file from one while the mount allows a stacking depth of one
+/// (`ELOOP`), so files there cannot pass through.
+pub fn stacked_fs(dir: &Path) -> Option<&'static str> {
+    #[cfg(target_os = "linux")]
+    {
+        let st = rustix::fs::statfs(dir).ok()?;
+        // f_type is a signed word on some targets, unsigned on others.
+        #[allow(clippy::unnecessary_cast)]
+        stacked_magic(st.f_type as i64)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        None
+    }
+}
+
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn stacked_magic(f_type: i64) -> Option<&'static str> {
+    match f_type {
+        0x794c_7630 => Some("overlayfs"),
+        0xf15f => Some("eCryptfs"),
+        _ => None,
     }
 }
 
@@ -507,4 +515,22 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| io::Error::other(format!("blocking task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rootless container's map, or any but the identity over every id, is a user namespace;
+    /// overlayfs and eCryptfs are stacked, ext4 (0xef53) and tmpfs (0x01021994) are not.
+    #[test]
+    fn what_the_kernel_refuses_backing_files_for() {
+        assert!(initial_namespace("         0          0 4294967295\n"));
+        assert!(!initial_namespace("         0     100000      65536\n"));
+        assert!(!initial_namespace(""));
+        assert_eq!(stacked_magic(0x794c_7630), Some("overlayfs"));
+        assert_eq!(stacked_magic(0xf15f), Some("eCryptfs"));
+        assert_eq!(stacked_magic(0xef53), None);
+        assert_eq!(stacked_magic(0x0102_1994), None);
+    }
 }

@@ -44,9 +44,10 @@
 //!   Nor is a pending version of the same file, changed in place since its seal, uploaded
 //!   then, live or after a crash (`replay`). A disk that fills and is freed again between two
 //!   looks is seen by the watch of the disk's free space ([`super::space_watch`]) while a
-//!   handle is open, unless it was made in one step (`fallocate`) and undone between two of
-//!   its polls, 10 ms apart (the watch looks before each of the mount's own frees, and a
-//!   dip made by writing takes longer than that); a store through a mapping
+//!   handle is open: it looks again before the disk could have been filled by writing, and
+//!   before each of the mount's own frees, and counts a look that came too late as a dip;
+//!   only a dip made in one step (`fallocate`) and undone between two looks goes unseen. A
+//!   store through a mapping
 //!   after the last release is looked at with the mapping (every [`MAPPING_POLL`]); `EIO`
 //!   from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
@@ -88,11 +89,7 @@ use crate::store::ObjectStore;
 /// [`HOLD_ROOM`], so that a file is held only when the disk filled up while it was written.
 pub const PASSTHROUGH_ROOM: u64 = 1 << 30;
 
-/// Free space on the cache disk below which a write the kernel made may have failed unseen
-/// (see the module doc): the file is held. Writes fail for space with about none left; the
-/// margin is what a dip must write between two looks of the watch to go unseen
-/// ([`super::space_watch`]).
-pub const HOLD_ROOM: u64 = 256 << 20;
+pub use super::space_watch::HOLD_ROOM;
 
 /// How often a file still mapped after its last release is looked at.
 pub const MAPPING_POLL: Duration = Duration::from_secs(2);
@@ -137,13 +134,17 @@ impl KernelRoom {
             .store(free.unwrap_or(u64::MAX), Ordering::SeqCst);
     }
 
-    /// Whether the disk has `room` bytes free for the kernel's writes.
-    fn has(&self, room: u64) -> bool {
-        let free = match self.pretend.load(Ordering::SeqCst) {
+    /// The bytes free on the disk for the kernel's writes; `None` where that cannot be told.
+    fn free(&self) -> Option<u64> {
+        match self.pretend.load(Ordering::SeqCst) {
             u64::MAX => self.staging.free_bytes(),
             n => Some(n),
-        };
-        free.is_none_or(|f| f >= room)
+        }
+    }
+
+    /// Whether the disk has `room` bytes free for the kernel's writes.
+    fn has(&self, room: u64) -> bool {
+        self.free().is_none_or(|f| f >= room)
     }
 }
 
@@ -152,7 +153,7 @@ impl KernelRoom {
 /// ([`super::space_watch`]). Registered for as long as the returned look is kept.
 pub(super) fn look_before_freeing(room: &Arc<KernelRoom>, watch: &SpaceWatch) -> Arc<FreeLook> {
     let (ours, watch) = (room.clone(), watch.clone());
-    let look: Arc<FreeLook> = Arc::new(move || watch.look_now(|| !ours.has(HOLD_ROOM)));
+    let look: Arc<FreeLook> = Arc::new(move || watch.look_now(|| ours.free()));
     room.staging.before_freeing(&look);
     look
 }
@@ -293,7 +294,9 @@ impl<S: ObjectStore> WriteBack<S> {
         let Some(t) = it.through.as_mut() else {
             return;
         };
-        let full = t.space.take_dip() || !self.room_for_kernel(HOLD_ROOM);
+        // A look of the watch's own, so that a late one counts (`space_watch`).
+        self.space_watch.look_now(|| self.kernel_room.free());
+        let full = t.space.take_dip();
         if full && it.held.is_none() {
             self.hold_on_failure(it, &Err(crate::error::FsError::NoSpace));
         }
@@ -579,7 +582,7 @@ impl<S: ObjectStore> WriteBack<S> {
         seen: (u64, SystemTime),
     ) {
         let room = self.kernel_room.clone();
-        let space = self.space_watch.watch(move || !room.has(HOLD_ROOM));
+        let space = self.space_watch.watch(move || room.free());
         *item.0.backing.lock() = Some(file.clone());
         it.through = Some(Through {
             handles: 1,

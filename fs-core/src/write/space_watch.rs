@@ -3,12 +3,22 @@
 //! A write the kernel makes to a passthrough file can fail for space, and only the writer is
 //! told ([`super::passthrough`]). The engine looks at the disk's free space at every close,
 //! fsync, stat, truncate and last release of such a file, and holds the file (I10) when the
-//! disk is nearly full then. A disk that filled (so that a write failed) and was freed again
-//! between two of those looks would go unseen: another program's file that came and went, a
-//! download removed. So while any file passes through, a watch also looks at the disk every
-//! [`POLL`] and counts the looks that found it nearly full. Each passthrough file remembers the
+//! disk is nearly full then ([`HOLD_ROOM`]). A disk that filled (so that a write failed) and
+//! was freed again between two of those looks would go unseen: another program's file that
+//! came and went, a download removed. So while any file passes through, a watch also looks at
+//! the disk, and counts the looks that found a *dip*. Each passthrough file remembers the
 //! count it began with; when the count has moved at its next look, the file is held as if that
 //! look had found the disk full.
+//!
+//! A look finds a dip when the disk is nearly full then, or when it comes too late after the
+//! one before: to fill a disk that had `f` bytes free, another program must write about
+//! `f - HOLD_ROOM` bytes, which takes at least that over [`FILL_RATE`], a rate past what a
+//! disk or `write()`s into the page cache reach. A look that comes later than that after the
+//! last (a stalled or throttled daemon, a suspended machine) cannot rule a dip out, and
+//! counts one. So the watch looks again within half that time (every [`POLL_MIN`] to
+//! [`POLL_MAX`]): rarely on a roomy disk, every 10 ms within about 144 MiB of full, where each
+//! look then counts a dip. The looks at a file's close, fsync and release go through the same
+//! rule.
 //!
 //! The mount frees space itself (an upload done, a file deleted or cut, a read-cache file
 //! dropped), most often just when the disk is full: writes fail then, uploads go on and
@@ -16,23 +26,42 @@
 //! [`crate::platform::Dir::before_freeing`]), and a dip the mount ends itself is seen by the
 //! files passing through then.
 //!
-//! A dip another program makes (or another mount on the same disk) is seen when it is made by
-//! writing: the watch looks every [`POLL`], and a look counts the disk nearly full below
-//! [`super::passthrough::HOLD_ROOM`] free, so a dip that began and ended between two looks
-//! had to write that much (256 MiB) in under 10 ms, 25 GB/s, past what a disk or a `write()`
-//! into the page cache reaches. One made in a single step and undone within 10 ms (a file
-//! `fallocate`d over the disk's last free space, a reflink copy, then removed) goes unseen, and
-//! so does one while no handle of the file is open (a store through a mapping after the last
-//! release: the mapping's watch looks at the disk every 2 s).
+//! Not seen: a dip made in one step faster than [`FILL_RATE`] and undone before the next look
+//! (a file `fallocate`d over the disk's last free space, or a reflink copy, then removed), and
+//! one while no handle of the file is open (a store through a mapping after the last release:
+//! the mapping's watch looks at the disk every 2 s).
 //!
-//! The watch costs one `fstatvfs` per poll and per free, and only while a file passes through.
+//! The watch costs one `fstatvfs` per look, and runs only while a file passes through.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often the watch looks at the disk.
-pub const POLL: Duration = Duration::from_millis(10);
+use parking_lot::Mutex;
+// Real time, also under a test's paused clock: a look may come from a thread outside the
+// runtime (a free), and a dip happens in the world's time.
+use std::time::Instant;
+
+/// Free space on the cache disk below which a write the kernel made may have failed unseen:
+/// the file is held. Writes fail for space with about none left.
+pub const HOLD_ROOM: u64 = 64 << 20;
+
+/// The fastest another program is taken to fill the disk by writing: 8 GiB/s, past what a
+/// disk or a `write()` into the page cache sustains.
+pub const FILL_RATE: u64 = 8 << 30;
+
+/// The watch looks at most this often (within about 144 MiB of full every look counts a
+/// dip)...
+pub const POLL_MIN: Duration = Duration::from_millis(10);
+
+/// ...and at least this often.
+pub const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// How long another program needs, at least, to take a disk with `free` bytes free down to
+/// [`HOLD_ROOM`].
+fn fill_time(free: u64) -> Duration {
+    Duration::from_secs_f64(free.saturating_sub(HOLD_ROOM) as f64 / FILL_RATE as f64)
+}
 
 /// The watch of one cache disk.
 #[derive(Default, Clone)]
@@ -42,12 +71,36 @@ pub struct SpaceWatch {
 
 #[derive(Default)]
 struct State {
-    /// Looks that found the disk nearly full.
+    /// Looks that found a dip.
     dips: AtomicU64,
+    /// The last look: when, and the free bytes it found.
+    last: Mutex<Option<(Instant, u64)>>,
     /// Files passing through now ([`Watched`] alive).
     files: AtomicUsize,
     /// The watch's task runs.
     running: AtomicBool,
+}
+
+impl State {
+    /// One look that found `free` bytes free (`None`: cannot tell, no dip); returns how soon
+    /// the next must come.
+    fn look(&self, free: Option<u64>) -> Duration {
+        self.look_at(Instant::now(), free)
+    }
+
+    fn look_at(&self, now: Instant, free: Option<u64>) -> Duration {
+        let mut last = self.last.lock();
+        let Some(free) = free else {
+            *last = None;
+            return POLL_MAX;
+        };
+        let late = last.is_some_and(|(at, before)| now.duration_since(at) > fill_time(before));
+        if free < HOLD_ROOM || late {
+            self.dips.fetch_add(1, SeqCst);
+        }
+        *last = Some((now, free));
+        (fill_time(free) / 2).clamp(POLL_MIN, POLL_MAX)
+    }
 }
 
 /// A file passing through, counted while this lives.
@@ -57,9 +110,9 @@ pub struct Watched {
 }
 
 impl Watched {
-    /// Whether the watch found the disk nearly full since the file began passing through or
-    /// since the last call: a dip is acted on once (the file is held), and a file written
-    /// over whole after that starts clean.
+    /// Whether the watch found a dip since the file began passing through or since the last
+    /// call: a dip is acted on once (the file is held), and a file written over whole after
+    /// that starts clean.
     pub fn take_dip(&mut self) -> bool {
         let now = self.state.dips.load(SeqCst);
         std::mem::replace(&mut self.from, now) != now
@@ -74,9 +127,14 @@ impl Drop for Watched {
 
 impl SpaceWatch {
     /// Counts a file that begins passing through, and starts the watch if it is not running.
-    /// `nearly_full` looks at the disk.
-    pub fn watch(&self, nearly_full: impl Fn() -> bool + Send + 'static) -> Watched {
-        self.state.files.fetch_add(1, SeqCst);
+    /// `free` looks at the disk: the bytes free there.
+    pub fn watch(&self, free: impl Fn() -> Option<u64> + Send + 'static) -> Watched {
+        if self.state.files.fetch_add(1, SeqCst) == 0 {
+            // The first file: a look from before it is too old to time the next by.
+            *self.state.last.lock() = None;
+        }
+        // The file starts from a look of its own: a dip before it is not its.
+        self.state.look(free());
         let watched = Watched {
             state: self.state.clone(),
             from: self.state.dips.load(SeqCst),
@@ -84,7 +142,7 @@ impl SpaceWatch {
         if !self.state.running.swap(true, SeqCst) {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(run(self.state.clone(), nearly_full));
+                    rt.spawn(run(self.state.clone(), free));
                 }
                 Err(_) => self.state.running.store(false, SeqCst),
             }
@@ -92,23 +150,25 @@ impl SpaceWatch {
         watched
     }
 
-    /// Looks at the disk now, while any file passes through: space is about to be freed.
-    pub fn look_now(&self, nearly_full: impl FnOnce() -> bool) {
-        if self.state.files.load(SeqCst) > 0 && nearly_full() {
-            self.state.dips.fetch_add(1, SeqCst);
+    /// Looks at the disk now, while any file passes through (space is about to be freed, or
+    /// a file's close, fsync or release looks).
+    pub fn look_now(&self, free: impl FnOnce() -> Option<u64>) {
+        if self.state.files.load(SeqCst) > 0 {
+            self.state.look(free());
         }
     }
 
-    /// Looks that found the disk nearly full so far.
+    /// Looks that found a dip so far.
     pub fn dips(&self) -> u64 {
         self.state.dips.load(SeqCst)
     }
 }
 
-/// Looks every [`POLL`] while a file passes through; ends when none does.
-async fn run(state: Arc<State>, nearly_full: impl Fn() -> bool) {
+/// Looks while a file passes through, as often as [`State::look`] says; ends when none does.
+async fn run(state: Arc<State>, free: impl Fn() -> Option<u64>) {
+    let mut next = POLL_MIN;
     loop {
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(next).await;
         if state.files.load(SeqCst) == 0 {
             state.running.store(false, SeqCst);
             // A file counted just before found the watch still running and started none: it
@@ -118,9 +178,7 @@ async fn run(state: Arc<State>, nearly_full: impl Fn() -> bool) {
             }
             continue;
         }
-        if nearly_full() {
-            state.dips.fetch_add(1, SeqCst);
-        }
+        next = state.look(free());
     }
 }
 
@@ -128,6 +186,8 @@ async fn run(state: Arc<State>, nearly_full: impl Fn() -> bool) {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    const ROOMY: u64 = 10 << 30;
 
     /// A dip while a file is watched is seen by it, and only by the files watched then; the
     /// watch stops when no file is left and starts again with the next.
@@ -137,32 +197,69 @@ mod tests {
         let full = Arc::new(AtomicBool::new(false));
         let probe = |full: &Arc<AtomicBool>| {
             let full = full.clone();
-            move || full.load(SeqCst)
+            move || Some(if full.load(SeqCst) { 0 } else { ROOMY })
         };
         let mut a = watch.watch(probe(&full));
-        tokio::time::sleep(POLL * 3).await;
-        assert!(!a.take_dip());
+        tokio::time::sleep(POLL_MAX * 3).await;
+        assert!(!a.take_dip(), "a roomy disk looked at in time");
         full.store(true, SeqCst);
-        tokio::time::sleep(POLL * 2).await;
+        tokio::time::sleep(POLL_MAX * 2).await;
         full.store(false, SeqCst);
         assert!(a.take_dip(), "a file written through the dip");
         assert!(!a.take_dip(), "acted on once");
         let mut b = watch.watch(probe(&full));
-        tokio::time::sleep(POLL * 3).await;
+        tokio::time::sleep(POLL_MAX * 3).await;
         assert!(!b.take_dip(), "a file begun after it");
         drop((a, b));
-        tokio::time::sleep(POLL * 3).await;
+        tokio::time::sleep(POLL_MAX * 3).await;
         assert!(!watch.state.running.load(SeqCst), "no file: no watch");
         let seen = watch.dips();
         full.store(true, SeqCst);
-        tokio::time::sleep(POLL * 3).await;
+        tokio::time::sleep(POLL_MAX * 3).await;
         assert_eq!(
             watch.dips(),
             seen,
             "nothing looks while no file passes through"
         );
+        full.store(false, SeqCst);
         let mut c = watch.watch(probe(&full));
-        tokio::time::sleep(POLL * 2).await;
+        assert!(!c.take_dip(), "the time without a file is no dip");
+        full.store(true, SeqCst);
+        tokio::time::sleep(POLL_MAX * 2).await;
         assert!(c.take_dip(), "the watch runs again");
+    }
+
+    /// A look that comes later than the disk could have been filled since the last one counts
+    /// a dip; one in time does not; the watch looks the more often the less room is left.
+    #[test]
+    fn a_look_too_late_to_rule_a_dip_out_counts_one() {
+        let state = State::default();
+        let gib = 1 << 30;
+        let mut t = Instant::now();
+        let mut at = |ms: u64| {
+            t += Duration::from_millis(ms);
+            t
+        };
+        let next = state.look_at(at(0), Some(gib));
+        // 960 MiB take 117 ms at 8 GiB/s: looked at again within half that.
+        assert!(next > Duration::from_millis(55) && next < Duration::from_millis(60));
+        state.look_at(at(100), Some(gib));
+        assert_eq!(state.dips.load(SeqCst), 0, "in time");
+        state.look_at(at(130), Some(gib));
+        assert_eq!(
+            state.dips.load(SeqCst),
+            1,
+            "too late: a dip could have come and gone"
+        );
+        assert_eq!(state.look_at(at(0), Some(100 << 30)), POLL_MAX);
+        assert_eq!(state.look_at(at(0), Some(HOLD_ROOM + (50 << 20))), POLL_MIN);
+        state.look_at(at(10), Some(HOLD_ROOM + (50 << 20)));
+        assert_eq!(
+            state.dips.load(SeqCst),
+            2,
+            "within about 144 MiB of full, every look 10 ms apart counts a dip"
+        );
+        state.look_at(at(0), Some(HOLD_ROOM - 1));
+        assert_eq!(state.dips.load(SeqCst), 3, "nearly full");
     }
 }

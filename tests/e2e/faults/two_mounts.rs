@@ -30,7 +30,7 @@ use bucketdrive_tests::Mount;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{env_number, soak_proxy_args, Rig, Watchdog, SOAK_MOUNT_ARGS, STEP_LIMIT};
+use super::{env_number, soak_mount_args, soak_proxy_args, Rig, Watchdog, STEP_LIMIT};
 
 const SHARED: [&str; 3] = ["s0", "s1", "s2"];
 const PRIVATE: usize = 3;
@@ -111,12 +111,14 @@ impl Soak2<'_> {
         self.machines[m].mount.as_ref().and_then(Mount::pid)
     }
 
+    /// Mounts machine `m`: the first has the kernel write files itself (`--passthrough
+    /// writes`), the second writes through the daemon (`off`), so both write paths meet.
     fn mount(&mut self, m: usize) -> anyhow::Result<()> {
         let mount = Mount::with_endpoint(
             &self.rig.proxy.url(),
             &self.rig.bucket,
             self.machines[m].cache.path(),
-            &SOAK_MOUNT_ARGS,
+            &soak_mount_args(m == 0),
         )?;
         self.machines[m].mount = Some(mount);
         Ok(())
