@@ -329,7 +329,8 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
                 let what = match (through.reads, through.writes) {
                     (true, true) => format!("{reads}, and {writes}"),
                     (true, false) => reads.to_string(),
-                    (false, _) => writes.to_string(),
+                    (false, true) => writes.to_string(),
+                    (false, false) => "passes nothing: no file qualifies".to_string(),
                 };
                 tracing::info!("FUSE passthrough: on (the kernel itself {what})");
             }

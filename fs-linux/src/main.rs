@@ -105,7 +105,7 @@ pub struct MountArgs {
     /// reads files wholly in the --read-cache-dir, once checked, from their cache files; on
     /// writable ones it reads and writes new and rewritten files straight in their staged
     /// copies (not with --cache-size). `on`: cached reads on writable mounts too; `writes`:
-    /// both; `off`: never. Any of them turns the kernel's write-back cache off for the mount's
+    /// both; `off`: never. Passthrough turns the kernel's write-back cache off for the mount's
     /// other writes (docs/semantics.md). The start-up log says which, and why not.
     #[arg(long, default_value = "auto", value_parser = parse_passthrough)]
     pub passthrough: fs_core::filesystem::PassthroughMode,

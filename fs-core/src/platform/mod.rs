@@ -267,13 +267,23 @@ pub fn writeback_error(file: &File) -> io::Result<()> {
 /// ([`crate::filesystem::PassthroughMode::decide`]): asking for passthrough costs the mount
 /// the kernel's write-back cache, which must not be given up for nothing. Registering a
 /// backing file needs `CAP_SYS_ADMIN` in the initial user namespace, which no root of a user
-/// namespace (a rootless container) has.
+/// namespace (a rootless container) has, nor a root whose capabilities were dropped (a
+/// container's default).
 pub fn passthrough_refusal() -> Option<String> {
     #[cfg(target_os = "linux")]
     {
-        let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
-        (!initial_namespace(&map)).then(|| {
-            "the mount runs in a user namespace, where no one may register backing files".into()
+        if let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") {
+            if !initial_namespace(&map) {
+                return Some(
+                    "the mount runs in a user namespace, where no one may register backing \
+                     files"
+                        .into(),
+                );
+            }
+        }
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        (!sys_admin(&status)).then(|| {
+            "the process lacks CAP_SYS_ADMIN, which registering backing files needs".into()
         })
     }
     #[cfg(not(target_os = "linux"))]
@@ -305,6 +315,18 @@ pub fn stacked_fs(dir: &Path) -> Option<&'static str> {
         let _ = dir;
         None
     }
+}
+
+/// Whether `status` (as `/proc/self/status` shows it) has `CAP_SYS_ADMIN` (bit 21) among the
+/// effective capabilities; `true` where that cannot be told (the kernel refuses later).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn sys_admin(status: &str) -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|caps| u64::from_str_radix(caps.trim(), 16).ok())
+        .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -528,6 +550,12 @@ mod tests {
         assert!(initial_namespace("         0          0 4294967295\n"));
         assert!(!initial_namespace("         0     100000      65536\n"));
         assert!(!initial_namespace(""));
+        assert!(sys_admin("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        assert!(
+            !sys_admin("CapEff:\t00000000a80425fb\n"),
+            "docker's default set"
+        );
+        assert!(sys_admin("Name:\tx\n"), "not told: the kernel decides");
         assert_eq!(stacked_magic(0x794c_7630), Some("overlayfs"));
         assert_eq!(stacked_magic(0xf15f), Some("eCryptfs"));
         assert_eq!(stacked_magic(0xef53), None);
