@@ -102,9 +102,9 @@ impl PassthroughMode {
     /// Asking costs the mount the kernel's write-back cache (the kernel offers passthrough only
     /// without it): every write through the daemon then arrives as the program makes it, 4 KiB
     /// at a time for `dd bs=4k`, instead of in batches. `auto` weighs that by what the mount
-    /// does (docs/benchmarks.md, "Writes until close(), memory warmed"): a `--read-only` mount loses nothing, so its
+    /// does (docs/benchmarks.md, "The default on a root mount"): a `--read-only` mount loses nothing, so its
     /// cached files are read by the kernel; a writable mount gains most from the files it
-    /// writes whole (copies, saves: 2.8 times faster until `close()` returns), so those pass
+    /// writes whole (copies, saves: 3.3 times faster until `close()` returns), so those pass
     /// through, and cached reads do not, so that a writer never meets readers passing
     /// through as a busy file. It asks only where the kernel would grant something: not when
     /// every backing file would be refused, nor for writes when `--cache-size` keeps them off

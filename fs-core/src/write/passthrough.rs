@@ -35,7 +35,8 @@
 //!   already there).
 //! - **I10, with writes it does not see.** A write the kernel makes can fail (`ENOSPC`) and
 //!   only the writer learns of it; the file then lacks bytes the user meant to write. That
-//!   can only happen on a disk (nearly) full. So a file passes through only while the cache
+//!   happens on a disk (nearly) full (a file system that fails writes for space while it
+//!   shows more free, btrfs out of metadata space or a project quota, is not covered). So a file passes through only while the cache
 //!   disk has [`PASSTHROUGH_ROOM`] free (below it, writes go through the daemon, which sees
 //!   every failure), and every close, fsync, truncate and last release checks it again: with
 //!   less than [`HOLD_ROOM`] free (`KernelRoom`), a write may have failed unseen, so the
@@ -46,8 +47,8 @@
 //!   looks is seen by the watch of the disk's free space ([`super::space_watch`]) while a
 //!   handle is open: it looks again before the disk could have been filled by writing, and
 //!   before each of the mount's own frees, and counts a look that came too late as a dip;
-//!   only a dip made in one step (`fallocate`) and undone between two looks goes unseen. A
-//!   store through a mapping
+//!   only a dip made faster than writing (`fallocate`) and undone between two looks goes
+//!   unseen. A store through a mapping
 //!   after the last release is looked at with the mapping (every [`MAPPING_POLL`]); `EIO`
 //!   from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
@@ -582,7 +583,7 @@ impl<S: ObjectStore> WriteBack<S> {
         seen: (u64, SystemTime),
     ) {
         let room = self.kernel_room.clone();
-        let space = self.space_watch.watch(move || room.free());
+        let space = self.space_watch.watch(Arc::new(move || room.free()));
         *item.0.backing.lock() = Some(file.clone());
         it.through = Some(Through {
             handles: 1,
