@@ -36,9 +36,10 @@
 //! - **I10, with writes it does not see.** A write the kernel makes can fail (`ENOSPC`) and
 //!   only the writer learns of it; the file then lacks bytes the user meant to write. That
 //!   happens on a disk (nearly) full (a file system that fails writes for space while it
-//!   shows more free, btrfs out of metadata space or a project quota, is not covered). So a file passes through only while the cache
-//!   disk has [`PASSTHROUGH_ROOM`] free (below it, writes go through the daemon, which sees
-//!   every failure), and every close, fsync, truncate and last release checks it again: with
+//!   shows more free, btrfs out of metadata space or a project quota, is not covered). So a
+//!   file passes through only while the cache disk has [`PASSTHROUGH_ROOM`] free (below it,
+//!   writes go through the daemon, which sees every failure), and every close, fsync,
+//!   truncate and last release checks it again: with
 //!   less than [`HOLD_ROOM`] free (`KernelRoom`), a write may have failed unseen, so the
 //!   file is held as if one had (never uploaded, kept staged as not saved, its close failing
 //!   with `ENOSPC`).
@@ -48,9 +49,8 @@
 //!   handle is open: it looks again before the disk could have been filled by writing, and
 //!   before each of the mount's own frees, and counts a look that came too late as a dip;
 //!   only a dip made faster than writing (`fallocate`) and undone between two looks goes
-//!   unseen. A store through a mapping
-//!   after the last release is looked at with the mapping (every [`MAPPING_POLL`]); `EIO`
-//!   from the disk is not seen.
+//!   unseen. A store through a mapping after the last release is looked at with the mapping
+//!   (every [`MAPPING_POLL`]); `EIO` from the disk is not seen.
 //! - **A mapping outlives its handles.** The kernel maps the staging file itself, so stores
 //!   can land after the last release, and after the upload. The engine remembers the file's
 //!   length and modification time at its last look (a seal, the last release); when the item
