@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use moka::sync::Cache;
 use parking_lot::Mutex;
 
+use super::forgotten::Forgotten;
 use super::inode::Kind;
 use super::offline::LastKnown;
 use crate::store::{ObjectMeta, SYMLINK_KEY};
@@ -46,6 +47,9 @@ impl Entry {
     }
 }
 
+/// The names of one listed directory, which our own changes keep current.
+type Names = Arc<Mutex<HashSet<String>>>;
+
 /// Bytes of name and metadata one unit of the stat cache's capacity stands for.
 const STAT_ENTRY_BYTES: usize = 512;
 
@@ -55,17 +59,21 @@ pub struct MetaCache {
     /// an answer cached here never lives past `--stat-ttl` in the kernel either.
     stat: Cache<String, (Entry, Instant)>,
     stat_ttl: Duration,
-    negative: Cache<String, ()>,
-    /// Directory path -> every name in it.
-    listed: Cache<String, Arc<Mutex<HashSet<String>>>>,
+    /// Each name known missing, with when it was learnt.
+    negative: Cache<String, Instant>,
+    /// Directory path -> every name in it, with when it was listed.
+    listed: Cache<String, (Names, Instant)>,
     /// Directories listed within the stat TTL: worth listing again when `listed` expires,
     /// rather than asking the bucket about each name.
-    recent: Cache<String, ()>,
+    recent: Cache<String, Instant>,
     /// Directory path -> the names of its last whole listing, which the kernel holds in its
     /// own directory cache (`FOPEN_CACHE_DIR`). For the stat TTL the kernel may keep answering
     /// `readdir` from it, unless we learn that a name came or went (see
     /// [`Self::kernel_listing_fresh`]).
-    kernel: Cache<String, Arc<HashSet<String>>>,
+    kernel: Cache<String, (Arc<HashSet<String>>, Instant)>,
+    /// Trees forgotten since values of the caches above were cached: such a value no longer
+    /// answers (see [`Forgotten`] for why this is not `moka`'s own invalidation by predicate).
+    forgotten: Forgotten,
     /// Every directory's last whole listing, for when the bucket cannot be reached.
     known: LastKnown,
 }
@@ -89,6 +97,7 @@ impl MetaCache {
     ) -> Self {
         MetaCache {
             stat_ttl,
+            forgotten: Forgotten::new(stat_ttl.max(negative_ttl)),
             known: LastKnown::new(last_known_bytes),
             // Weighed by size, in units of an ordinary entry: a long name or a link's target
             // counts for more, so the cache is bounded in bytes as well as in names.
@@ -108,46 +117,60 @@ impl MetaCache {
                     u32::try_from(1 + (key.len() + meta) / STAT_ENTRY_BYTES).unwrap_or(u32::MAX)
                 })
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
-                .support_invalidation_closures()
                 .build(),
             negative: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(negative_ttl.max(Duration::from_nanos(1)))
-                .support_invalidation_closures()
                 .build(),
             listed: Cache::builder()
                 .max_capacity(capacity)
-                .weigher(|_, names: &Arc<Mutex<HashSet<String>>>| {
+                .weigher(|_, (names, _): &(Names, Instant)| {
                     u32::try_from(names.lock().len() + 1).unwrap_or(u32::MAX)
                 })
                 .time_to_live(negative_ttl.max(Duration::from_nanos(1)))
-                .support_invalidation_closures()
                 .build(),
             recent: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
-                .support_invalidation_closures()
                 .build(),
             kernel: Cache::builder()
                 .max_capacity(capacity)
-                .weigher(|_, names: &Arc<HashSet<String>>| {
+                .weigher(|_, (names, _): &(Arc<HashSet<String>>, Instant)| {
                     u32::try_from(names.len() + 1).unwrap_or(u32::MAX)
                 })
                 .time_to_live(stat_ttl.max(Duration::from_nanos(1)))
-                .support_invalidation_closures()
                 .build(),
         }
     }
 
     /// The kernel now holds `names` as the whole listing of `dir`.
     pub fn note_kernel_listing(&self, dir: &str, names: Arc<HashSet<String>>) {
-        self.kernel.insert(dir.to_string(), names);
+        self.kernel.insert(dir.to_string(), (names, Instant::now()));
     }
 
     /// Whether the kernel's copy of `dir`'s listing is still good: made within the stat TTL,
     /// and no name has come or gone since, as far as this mount has seen.
     pub fn kernel_listing_fresh(&self, dir: &str) -> bool {
-        self.kernel.contains_key(dir)
+        self.kernel_listing(dir).is_some()
+    }
+
+    /// The kernel's copy of `dir`'s listing, unless forgotten since.
+    fn kernel_listing(&self, dir: &str) -> Option<Arc<HashSet<String>>> {
+        let (names, at) = self.kernel.get(dir)?;
+        (!self.forgotten.covers(dir, at)).then_some(names)
+    }
+
+    /// What the stat cache holds at `path`, with when it was learnt, unless forgotten since.
+    fn stat_entry(&self, path: &str) -> Option<(Entry, Instant)> {
+        let (e, at) = self.stat.get(path)?;
+        (!self.forgotten.covers(path, at)).then_some((e, at))
+    }
+
+    /// Whether the negative cache holds `path`, and it was not forgotten since.
+    fn known_missing(&self, path: &str) -> bool {
+        self.negative
+            .get(path)
+            .is_some_and(|at| !self.forgotten.covers(path, at))
     }
 
     /// The kernel's copy of `dir`'s listing may not be kept past this pass (it was answered
@@ -165,7 +188,7 @@ impl MetaCache {
     /// says otherwise.
     fn check_kernel_listing(&self, path: &str, present: bool) {
         let (dir, name) = split(path);
-        if let Some(names) = self.kernel.get(dir) {
+        if let Some(names) = self.kernel_listing(dir) {
             if names.contains(name) != present {
                 self.kernel.invalidate(dir);
             }
@@ -174,19 +197,30 @@ impl MetaCache {
 
     /// Records every name of the directory `dir` (a whole listing, or empty after a mkdir).
     pub fn insert_listing(&self, dir: &str, names: HashSet<String>) {
+        let now = Instant::now();
         self.listed
-            .insert(dir.to_string(), Arc::new(Mutex::new(names)));
-        self.recent.insert(dir.to_string(), ());
+            .insert(dir.to_string(), (Arc::new(Mutex::new(names)), now));
+        self.recent.insert(dir.to_string(), now);
     }
 
     /// Whether `dir` was listed recently but its listing has expired.
     pub fn wants_relisting(&self, dir: &str) -> bool {
-        self.recent.contains_key(dir) && !self.listed.contains_key(dir)
+        let recent = self
+            .recent
+            .get(dir)
+            .is_some_and(|at| !self.forgotten.covers(dir, at));
+        recent && self.listing(dir).is_none()
     }
 
-    fn listed_parent<'p>(&self, path: &'p str) -> Option<(Arc<Mutex<HashSet<String>>>, &'p str)> {
+    /// The names of `dir` as last listed, unless that listing expired or was forgotten.
+    fn listing(&self, dir: &str) -> Option<Names> {
+        let (names, at) = self.listed.get(dir)?;
+        (!self.forgotten.covers(dir, at)).then_some(names)
+    }
+
+    fn listed_parent<'p>(&self, path: &'p str) -> Option<(Names, &'p str)> {
         let (dir, name) = split(path);
-        self.listed.get(dir).map(|names| (names, name))
+        self.listing(dir).map(|names| (names, name))
     }
 
     /// `Some(Some(e))`: known to exist; `Some(None)`: known not to exist; `None`: ask the bucket.
@@ -197,10 +231,10 @@ impl MetaCache {
     /// Like [`Self::get`], with how much longer the answer holds: what is left of the stat
     /// TTL for an entry (the full TTL for an answer made now).
     pub fn get_timed(&self, path: &str) -> Option<(Option<Entry>, Duration)> {
-        if let Some((e, at)) = self.stat.get(path) {
+        if let Some((e, at)) = self.stat_entry(path) {
             return Some((Some(e), self.stat_ttl.saturating_sub(at.elapsed())));
         }
-        if self.negative.contains_key(path) {
+        if self.known_missing(path) {
             return Some((None, Duration::ZERO));
         }
         if let Some((names, name)) = self.listed_parent(path) {
@@ -225,7 +259,8 @@ impl MetaCache {
     /// answer already cached (our own upload landing while the page was in flight), so it never
     /// replaces a newer generation of the same file.
     pub fn insert_listed(&self, path: &str, entry: Entry) {
-        if let (Some((Entry::File(cached), _)), Entry::File(listed)) = (self.stat.get(path), &entry)
+        if let (Some((Entry::File(cached), _)), Entry::File(listed)) =
+            (self.stat_entry(path), &entry)
         {
             if listed.generation < cached.generation {
                 return;
@@ -241,7 +276,7 @@ impl MetaCache {
             names.lock().remove(name);
         }
         self.known.remove(path);
-        self.negative.insert(path.to_string(), ());
+        self.negative.insert(path.to_string(), Instant::now());
     }
 
     /// Forgets what is known of `path`: it may have changed, so its directory's listing can no
@@ -260,34 +295,12 @@ impl MetaCache {
         self.known.mark_unsure(path);
     }
 
-    /// Forgets everything at or under the directory `path` (after a directory rename).
+    /// Forgets everything at or under `path` (a name created, removed or renamed, which may
+    /// have been a directory with cached children).
     pub fn invalidate_tree(&self, path: &str) {
-        let dir = format!("{path}/");
-        let p = path.to_string();
-        let pred = move |k: &String| *k == p || k.starts_with(&dir);
-        let (pred2, pred3, pred4, pred5) = (pred.clone(), pred.clone(), pred.clone(), pred.clone());
-        // Each cache is built with invalidation closures, so these cannot fail; one that did
-        // would leave a removed name answering for up to a TTL.
-        let results = [
-            self.stat.invalidate_entries_if(move |k, _| pred(k)).err(),
-            self.negative
-                .invalidate_entries_if(move |k, _| pred2(k))
-                .err(),
-            self.listed
-                .invalidate_entries_if(move |k, _| pred3(k))
-                .err(),
-            self.recent
-                .invalidate_entries_if(move |k, _| pred4(k))
-                .err(),
-            self.kernel
-                .invalidate_entries_if(move |k, _| pred5(k))
-                .err(),
-        ];
+        self.forgotten.forget(path);
         // The parent's listing in the kernel still shows the tree, or not yet: ask again.
         self.kernel.invalidate(split(path).0);
-        for e in results.into_iter().flatten() {
-            tracing::error!(error = %e, "a cache could not forget a removed tree");
-        }
         // The parent's listing keeps vouching for other names; this one is asked about again.
         if let Some((names, name)) = self.listed_parent(path) {
             names.lock().insert(name.to_string());

@@ -13,6 +13,7 @@
 //! This layer knows nothing of FUSE or WinFsp: it speaks paths, inode numbers and [`Attr`].
 
 pub mod cache;
+pub mod forgotten;
 pub mod inode;
 pub mod names;
 pub mod offline;

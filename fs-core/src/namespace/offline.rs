@@ -18,7 +18,7 @@
 //! the next request that the bucket answers, each change logged once (`warn` going offline,
 //! `info` back), and shown by `bucketdrive status`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -101,6 +101,10 @@ fn split(path: &str) -> (&str, &str) {
 /// bounded in bytes.
 pub struct LastKnown {
     dirs: Cache<String, Shared>,
+    /// Every key of `dirs`, and maybe some it evicted since, in order: a forgotten tree's
+    /// listings are one range of it. Kept under this lock together with each insertion into
+    /// `dirs`, and rebuilt from `dirs` when it holds twice as many keys, so it never lacks one.
+    keys: Mutex<BTreeSet<String>>,
 }
 
 impl LastKnown {
@@ -115,8 +119,8 @@ impl LastKnown {
                     u32::try_from(k.bytes + dir.len() as u64 + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
                 })
                 .eviction_policy(EvictionPolicy::lru())
-                .support_invalidation_closures()
                 .build(),
+            keys: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -125,6 +129,13 @@ impl LastKnown {
         let mut known = KnownDir::default();
         for (name, entry) in entries {
             known.set(&name, entry);
+        }
+        let mut keys = self.keys.lock();
+        if keys.insert(dir.to_string()) && keys.len() > 2 * self.dirs.entry_count() as usize + 1024
+        {
+            self.dirs.run_pending_tasks();
+            *keys = self.dirs.iter().map(|(k, _)| k.to_string()).collect();
+            keys.insert(dir.to_string());
         }
         self.dirs
             .insert(dir.to_string(), Arc::new(Mutex::new(known)));
@@ -207,14 +218,15 @@ impl LastKnown {
     pub fn forget_tree(&self, path: &str) {
         self.remove(path);
         let under = format!("{path}/");
-        let p = path.to_string();
-        // Built with invalidation closures, so this cannot fail; if it did, a renamed tree
-        // could be shown at its old place while offline.
-        if let Err(e) = self
-            .dirs
-            .invalidate_entries_if(move |k, _| *k == p || k.starts_with(&under))
-        {
-            tracing::error!(error = %e, "the last known state could not forget a changed tree");
+        let mut keys = self.keys.lock();
+        let below: Vec<String> = keys
+            .range(under.clone()..)
+            .take_while(|k| k.starts_with(&under))
+            .cloned()
+            .collect();
+        for k in below.into_iter().chain([path.to_string()]) {
+            self.dirs.invalidate(&k);
+            keys.remove(&k);
         }
     }
 
@@ -394,6 +406,35 @@ mod tests {
         known.remove("d/sub");
         assert!(matches!(known.get("d/sub"), Some(None)));
         assert!(known.knows("d"));
+    }
+
+    /// A forgotten tree takes its own listing and every listing below it, and no sibling whose
+    /// name only starts the same; the index of keys stays whole across evictions and rebuilds.
+    #[test]
+    fn a_forgotten_tree_takes_exactly_its_listings() {
+        let known = LastKnown::new(1 << 30);
+        for dir in ["d", "d/a", "d/a/b", "d-x", "d-x/a", "d0", "dd", "e/d"] {
+            known.insert_listing(dir, Vec::new());
+        }
+        known.forget_tree("d");
+        known.dirs.run_pending_tasks();
+        for gone in ["d", "d/a", "d/a/b"] {
+            assert!(!known.knows(gone), "{gone}");
+        }
+        for kept in ["d-x", "d-x/a", "d0", "dd", "e/d"] {
+            assert!(known.knows(kept), "{kept}");
+        }
+        // Many listings come and go: the index is rebuilt, and still finds every key.
+        for i in 0..3000 {
+            known.insert_listing(&format!("t/{i}"), Vec::new());
+            known.forget_tree(&format!("t/{i}"));
+        }
+        assert!(known.keys.lock().len() < 3000, "rebuilt or trimmed");
+        known.insert_listing("t/x/y", Vec::new());
+        known.forget_tree("t");
+        known.dirs.run_pending_tasks();
+        assert!(!known.knows("t/x/y"));
+        assert!(known.knows("dd"));
     }
 
     #[test]
