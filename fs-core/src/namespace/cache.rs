@@ -299,6 +299,13 @@ impl MetaCache {
     /// have been a directory with cached children).
     pub fn invalidate_tree(&self, path: &str) {
         self.forgotten.forget(path);
+        // The name itself, most often the whole tree, leaves the caches at once rather than
+        // taking their room until it expires.
+        self.stat.invalidate(path);
+        self.negative.invalidate(path);
+        self.listed.invalidate(path);
+        self.recent.invalidate(path);
+        self.kernel.invalidate(path);
         // The parent's listing in the kernel still shows the tree, or not yet: ask again.
         self.kernel.invalidate(split(path).0);
         // The parent's listing keeps vouching for other names; this one is asked about again.

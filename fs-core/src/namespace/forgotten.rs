@@ -52,8 +52,11 @@ impl Forgotten {
 
     /// Forgets what was cached at `path` and under it, before now.
     pub fn forget(&self, path: &str) {
-        let now = Instant::now();
         let mut t = self.trees.write();
+        // Taken under the lock, so two forgettings of one path are stored in the order they
+        // happen: an earlier one never overwrites a later one and lets a value cached between
+        // them answer again.
+        let now = Instant::now();
         t.at.insert(path.to_string(), now);
         if t.at.len() >= t.prune_at {
             let keep = self.keep;

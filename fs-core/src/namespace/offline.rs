@@ -180,6 +180,9 @@ impl LastKnown {
 
     /// Has the cache weigh `known` (still the entry of `dir`) again after it grew.
     fn reweigh(&self, dir: &str, known: &Shared) {
+        // Under the index's lock: a `forget_tree` between this look and the put would take the
+        // key out of the index while the put brings the entry back.
+        let _keys = self.keys.lock();
         self.dirs
             .entry_by_ref(dir)
             .and_compute_with(|current| match current {
