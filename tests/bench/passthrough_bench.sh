@@ -149,6 +149,9 @@ for r in $(seq "$RUNS"); do
     rm -f "$MNT/w.bin"
     "$BD" unmount "$MNT" --no-wait >/dev/null || bd_unmount
     for _ in $(seq 100); do mountpoint -q "$MNT" || break; sleep 0.1; done
+    # The daemon leaves its cache directory a moment after the unmount: wait for it before
+    # the directory is removed under it.
+    for _ in $(seq 300); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
   done
   # The edits were left staged (--no-wait), never uploaded: the object stays as it was.
   rm -rf "$WORK/wcache"
