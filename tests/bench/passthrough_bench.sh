@@ -179,3 +179,6 @@ echo "| writable mount, until close | --passthrough on (no write-back cache) | -
 echo "|---|---:|---:|---:|"
 echo "| dd bs=4k of $WRITE_MIB MiB (MB/s) | $(med write4k_on) | $(med write4k_off) | $(ratio "$(med write4k_on)" "$(med write4k_off)") |"
 echo "| 4 KiB edit in the middle of the $SIZE_MIB MiB object (s) | $(med edit_on) | $(med edit_off) | $(ratio "$(med edit_on)" "$(med edit_off)") |"
+echo
+echo "runs:"
+for k in $(printf '%s\n' "${!R[@]}" | sort); do echo "  $k:${R[$k]}"; done
