@@ -89,3 +89,45 @@ bench_cleanup() {
   kill "${EMU_PID:-}" 2>/dev/null || true
   rm -rf "$WORK"
 }
+
+# The objects of the emulator's bucket "bench" (at EMU_URL), listed and deleted in one
+# process each (a curl per object takes minutes for thousands).
+
+# Number of objects under a prefix.
+count_under() {
+  python3 - "$EMU_URL" "$1" <<'EOF'
+import json, sys, urllib.parse, urllib.request
+url, prefix, token, n = sys.argv[1], sys.argv[2], None, 0
+while True:
+    q = {"prefix": prefix, "maxResults": "1000", "fields": "items(name),nextPageToken"}
+    if token:
+        q["pageToken"] = token
+    with urllib.request.urlopen(f"{url}/storage/v1/b/bench/o?{urllib.parse.urlencode(q)}") as r:
+        page = json.load(r)
+    n += len(page.get("items", []))
+    token = page.get("nextPageToken")
+    if not token:
+        break
+print(n)
+EOF
+}
+# Deletes every object under a prefix ("" for all).
+delete_under() {
+  python3 - "$EMU_URL" "$1" <<'EOF'
+import json, sys, urllib.error, urllib.parse, urllib.request
+url, prefix = sys.argv[1], sys.argv[2]
+while True:
+    q = urllib.parse.urlencode({"prefix": prefix, "maxResults": "1000"})
+    with urllib.request.urlopen(f"{url}/storage/v1/b/bench/o?{q}") as r:
+        items = json.load(r).get("items", [])
+    if not items:
+        break
+    for it in items:
+        name = urllib.parse.quote(it["name"], safe="")
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/storage/v1/b/bench/o/{name}", method="DELETE"))
+        except urllib.error.HTTPError as e:
+            if e.code != 404:  # gone meanwhile (a temporary part the mount removed)
+                raise
+EOF
+}

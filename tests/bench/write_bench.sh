@@ -76,43 +76,6 @@ object_size() {
   curl -sf "$EMU_URL/storage/v1/b/bench/o/$1" 2>/dev/null \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["size"])' 2>/dev/null || echo -1
 }
-# Number of objects under a prefix.
-count_under() {
-  python3 - "$EMU_URL" "$1" <<'EOF'
-import json, sys, urllib.parse, urllib.request
-url, prefix, token, n = sys.argv[1], sys.argv[2], None, 0
-while True:
-    q = {"prefix": prefix, "maxResults": "1000", "fields": "items(name),nextPageToken"}
-    if token:
-        q["pageToken"] = token
-    with urllib.request.urlopen(f"{url}/storage/v1/b/bench/o?{urllib.parse.urlencode(q)}") as r:
-        page = json.load(r)
-    n += len(page.get("items", []))
-    token = page.get("nextPageToken")
-    if not token:
-        break
-print(n)
-EOF
-}
-delete_under() {
-  python3 - "$EMU_URL" "$1" <<'EOF'
-import json, sys, urllib.error, urllib.parse, urllib.request
-url, prefix = sys.argv[1], sys.argv[2]
-while True:
-    q = urllib.parse.urlencode({"prefix": prefix, "maxResults": "1000"})
-    with urllib.request.urlopen(f"{url}/storage/v1/b/bench/o?{q}") as r:
-        items = json.load(r).get("items", [])
-    if not items:
-        break
-    for it in items:
-        name = urllib.parse.quote(it["name"], safe="")
-        try:
-            urllib.request.urlopen(urllib.request.Request(f"{url}/storage/v1/b/bench/o/{name}", method="DELETE"))
-        except urllib.error.HTTPError as e:
-            if e.code != 404:  # gone meanwhile (a temporary part the mount removed)
-                raise
-EOF
-}
 wait_size() {  # KEY SIZE
   while [ "$(object_size "$1")" != "$2" ]; do sleep 0.05; done
 }
