@@ -18,6 +18,8 @@
 //! go, so a mount doing nothing holds none of it; and small bytes never take a buffer many
 //! times their size (a small file uploaded every few seconds would keep the big ones).
 
+mod block;
+
 use std::fs::File;
 use std::ops::Range;
 use std::sync::{Arc, Weak};
@@ -26,6 +28,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::time::Instant;
+
+use block::Block;
 
 /// How long a returned buffer waits to be used again before it is let go.
 pub const IDLE: Duration = Duration::from_secs(5);
@@ -40,7 +44,7 @@ pub struct BufferPool {
 #[derive(Debug, Default)]
 struct State {
     /// Free buffers, each at its full length, with when it came back.
-    free: Vec<(Vec<u8>, Instant)>,
+    free: Vec<(Block, Instant)>,
     /// Bytes of the buffers in `free`.
     bytes: usize,
     /// A task that lets go of idle buffers is running.
@@ -100,7 +104,7 @@ impl BufferPool {
 
     /// The smallest free buffer that holds `len` bytes and is not many times longer, else a
     /// new one. Either is at least `len` long.
-    fn take(&self, len: usize) -> Vec<u8> {
+    fn take(&self, len: usize) -> Block {
         let mut s = self.state.lock();
         let best = (s.free.iter().enumerate())
             .filter(|(_, (b, _))| b.len() >= len && b.len() / MAX_WASTE <= len)
@@ -112,12 +116,13 @@ impl BufferPool {
                 s.bytes -= buf.len();
                 buf
             }
-            // Zeroed by the kernel as it faults each page in, not by a pass of ours.
-            None => vec![0; len],
+            // Zeroed by the kernel as it faults each page in, not by a pass of ours; in huge
+            // pages where it has them (see `block`).
+            None => Block::zeroed(len),
         }
     }
 
-    fn give_back(self: &Arc<Self>, buf: Vec<u8>) {
+    fn give_back(self: &Arc<Self>, buf: Block) {
         let mut s = self.state.lock();
         if s.bytes + buf.len() > self.cap {
             drop(s);
@@ -170,7 +175,7 @@ impl BufferPool {
 
 /// A buffer of the pool being filled ([`BufferPool::filling`]).
 pub struct Filling {
-    buf: Vec<u8>,
+    buf: Block,
     /// How many bytes it is to hold.
     want: usize,
     /// How many it holds: the front of `buf`.
@@ -244,7 +249,7 @@ impl Drop for Filling {
 
 /// Bytes lent out of the pool until dropped.
 struct Pooled {
-    buf: Vec<u8>,
+    buf: Block,
     /// How many bytes: the front of `buf`.
     len: usize,
     pool: Weak<BufferPool>,
