@@ -4,7 +4,7 @@
 //! at its first touch. With 4 KiB pages that is 2,048 faults for each 8 MiB part read from the
 //! bucket, and a reader's window holds dozens of parts: measured on a 1 GiB read through a fresh
 //! mount, about 80,000 faults, whose handling (not the zeroing, which any fresh memory costs)
-//! took about a seventh of the daemon's CPU (`benchmarks.md`, "Huge pages for the pool's
+//! took about a fifth of the daemon's CPU (`benchmarks.md`, "Huge pages for the pool's
 //! buffers").
 //!
 //! So on Linux a buffer of at least [`HUGE`] bytes is its own mapping, its start aligned to
