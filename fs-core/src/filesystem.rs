@@ -101,6 +101,7 @@ pub struct Filesystem<S: ObjectStore> {
     next_fh: AtomicU64,
     claiming: Claiming,
     pt: passthrough::Passthrough,
+    releasing: releasing::Releasing,
 }
 
 /// Names this mount is creating exclusively, or making directories of, right now. A second
@@ -237,6 +238,7 @@ impl<S: ObjectStore> Filesystem<S> {
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             claiming: Claiming::default(),
+            releasing: releasing::Releasing::default(),
             pt: passthrough::Passthrough::default(),
         }
     }
@@ -485,6 +487,14 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
+    /// Waits until every release the adapter has received has run (see `releasing`): called
+    /// once the session has ended, before the last drain, so that a file closed just before the
+    /// unmount is drained as what its last release made it. `false` if some are still under
+    /// way after [`releasing::RELEASE_PATIENCE`].
+    pub async fn settle_releases(&self) -> bool {
+        self.releasing.settled(releasing::RELEASE_PATIENCE).await
+    }
+
     /// What `status` reports: the write path's snapshot, and whether the mount is offline.
     pub async fn write_status(&self) -> Status {
         let mut status = match &self.write {
@@ -531,6 +541,7 @@ pub mod passthrough;
 mod passthrough_write_tests;
 #[cfg(test)]
 mod regressions;
+mod releasing;
 #[cfg(test)]
 mod review_tests;
 #[cfg(test)]

@@ -651,9 +651,11 @@ impl<S: ObjectStore> Filesystem for FuseAdapter<S> {
         let fs = self.fs.clone();
         self.backings.release(fh.0);
         self.openers.released(fh.0);
+        let under_way = fs.begin_release();
         // On the runtime, never the session loop: see `run_now_or_spawn`.
         self.rt.spawn(async move {
             fs.release(fh.0).await;
+            drop(under_way);
             reply.ok();
         });
     }

@@ -153,6 +153,11 @@ impl Control {
 /// journaled for the next mount.
 pub fn finish<S: ObjectStore>(rt: Runtime, fs: &Filesystem<S>, skip_drain: bool) {
     finish_read_cache(fs);
+    if !rt.block_on(fs.settle_releases()) {
+        tracing::warn!(
+            "releases still under way at unmount: files they close may stay staged for the next mount"
+        );
+    }
     let status = rt.block_on(fs.write_status());
     if skip_drain {
         tracing::info!(

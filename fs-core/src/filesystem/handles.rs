@@ -430,7 +430,15 @@ impl<S: ObjectStore> Filesystem<S> {
         }
     }
 
+    /// Counts a release the adapter has received as under way, before the task that runs it
+    /// ([`Filesystem::release`]) is spawned, until the returned value drops: an unmount's drain
+    /// waits for it (`releasing`).
+    pub fn begin_release(&self) -> super::releasing::ReleaseUnderWay {
+        self.releasing.enter()
+    }
+
     pub async fn release(&self, fh: u64) {
+        let _under_way = self.releasing.enter();
         let Some(file) = self.files.lock().remove(&fh) else {
             return;
         };
