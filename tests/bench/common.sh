@@ -90,6 +90,10 @@ bench_cleanup() {
   rm -rf "$WORK"
 }
 
+# Waits up to 30 s for process $1 to exit (a daemon leaves its cache directory a moment after
+# its unmount).
+wait_gone() { for _ in $(seq 300); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; }
+
 # The objects of the emulator's bucket "bench" (at EMU_URL), listed and deleted in one
 # process each (a curl per object takes minutes for thousands).
 

@@ -151,7 +151,7 @@ for r in $(seq "$RUNS"); do
     for _ in $(seq 100); do mountpoint -q "$MNT" || break; sleep 0.1; done
     # The daemon leaves its cache directory a moment after the unmount: wait for it before
     # the directory is removed under it.
-    for _ in $(seq 300); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    wait_gone "$PID"
   done
   # The edits were left staged (--no-wait), never uploaded: the object stays as it was.
   rm -rf "$WORK/wcache"

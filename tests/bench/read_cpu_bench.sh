@@ -38,7 +38,7 @@ read_once() {  # BINARY → "MB/s CPU-s-per-GiB faults-per-GiB"
   dd if="$MNT/big" of=/dev/stdout bs=1M status=none | sha256sum | cut -d' ' -f1 > "$WORK/sum"
   e=$(now); c1=$(cpu_s "$pid"); f1=$(faults "$pid")
   "$1" unmount "$MNT" >/dev/null
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  wait_gone "$pid"
   [ "$(cat "$WORK/sum")" = "$SHA" ] || { echo "the read has the wrong bytes" >&2; exit 1; }
   echo "$(mbps $((SIZE_MIB * 1048576)) "$s" "$e")" \
     "$(awk -v a="$c0" -v b="$c1" -v m="$SIZE_MIB" 'BEGIN { printf "%.2f", (b - a) * 1024 / m }')" \
