@@ -207,6 +207,29 @@ impl Filling {
         true
     }
 
+    /// The rest of the buffer, to be received into directly (a socket's read, with no buffer
+    /// of its own in between); then [`Filling::advance`] by what was received. Only the length
+    /// asked for is offered, so a peer sending more cannot write past it.
+    pub fn unfilled(&mut self) -> &mut [u8] {
+        &mut self.buf[self.len..self.want]
+    }
+
+    /// Counts the first `n` bytes of [`Filling::unfilled`] as filled, carrying the CRC32C
+    /// over them as [`Filling::push`] does (they were just written, so still in the cache).
+    /// `n` past the rest of the buffer is a caller's bug: it is clamped.
+    pub fn advance(&mut self, n: usize) {
+        let end = self.len.saturating_add(n).min(self.want);
+        if let Some(crc) = &mut self.crc {
+            *crc = crc32c::crc32c_append(*crc, &self.buf[self.len..end]);
+        }
+        self.len = end;
+    }
+
+    /// How many more bytes it is to hold.
+    pub fn remaining(&self) -> usize {
+        self.want - self.len
+    }
+
     /// Has [`Filling::push`] carry the CRC32C of what is pushed from now on (call it before
     /// the first push): only when something will check it, as a pass costs CPU.
     pub fn with_crc32c(mut self) -> Self {
@@ -396,5 +419,25 @@ mod tests {
             50_000,
             "an unfinished fill gives its buffer back"
         );
+    }
+
+    /// Bytes received straight into the buffer count as pushed ones do: only the length asked
+    /// for is offered, and the CRC32C covers what was advanced over, pushes mixed in.
+    #[test]
+    fn fills_by_receiving_into_the_rest() {
+        let pool = BufferPool::new(1 << 20);
+        drop(pool.copy_of(&[0xCD; 20_000]));
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let mut f = pool.filling(10_000).with_crc32c();
+        assert!(f.push(&data[..100]));
+        assert_eq!(f.unfilled().len(), 9_900, "only the length asked for");
+        f.unfilled()[..4_000].copy_from_slice(&data[100..4_100]);
+        f.advance(4_000);
+        assert_eq!(f.remaining(), 5_900);
+        f.unfilled().copy_from_slice(&data[4_100..]);
+        f.advance(usize::MAX);
+        assert_eq!(f.remaining(), 0, "advancing past the end is clamped");
+        assert_eq!(f.crc32c(), Some(crc32c::crc32c(&data)));
+        assert_eq!(&f.freeze()[..], &data[..]);
     }
 }

@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -34,6 +35,7 @@ use gcloud_storage::http::resumable_upload_client::{ChunkSize, UploadStatus};
 use gcloud_storage::http::Error as GcsError;
 use tracing::Instrument;
 
+use super::range_get::{Got, RangeGetter, TokenFn};
 use super::retry::{with_retry, RetryPolicy};
 use super::{
     decode_crc32c, encode_crc32c, ByteStream, ChunkOutcome, ListPage, ListRequest, ObjectMeta,
@@ -227,6 +229,9 @@ pub struct GcsStore {
     client: Client,
     bucket: String,
     retry: RetryPolicy,
+    /// Ranged GETs received straight into the part's buffer ([`super::range_get`]); `None`
+    /// where the client must send them (through a proxy).
+    ranges: Option<RangeGetter>,
 }
 
 impl GcsStore {
@@ -275,10 +280,31 @@ impl GcsStore {
                 base.with_credentials(file).await.map_err(auth_err)?
             }
         };
+        let token: Option<TokenFn> = config.token_source_provider.as_ref().map(|p| {
+            let source = p.token_source();
+            let f: TokenFn = Arc::new(move || {
+                let source = source.clone();
+                Box::pin(async move { source.token().await.map_err(|e| scrub(&e.to_string())) })
+            });
+            f
+        });
+        let ranges = if opts.endpoint.starts_with("https://") && proxy_in_environment() {
+            tracing::debug!("a proxy is set: ranged GETs go through the HTTP client");
+            None
+        } else {
+            match RangeGetter::new(&opts.endpoint, bucket, token) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "ranged GETs go through the HTTP client");
+                    None
+                }
+            }
+        };
         Ok(GcsStore {
             client: Client::new(config),
             bucket: bucket.to_string(),
             retry: opts.retry,
+            ranges,
         })
     }
 
@@ -355,6 +381,14 @@ impl GcsStore {
             ..Default::default()
         }
     }
+}
+
+/// Whether the environment names a proxy the HTTP client would send `https` requests
+/// through (it reads the same variables), so ranged GETs must go through the client too.
+fn proxy_in_environment() -> bool {
+    ["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()))
 }
 
 /// Classifies a client error once; every caller sees only [`StoreErrorKind`]. Messages are
@@ -606,6 +640,40 @@ impl ObjectStore for GcsStore {
                 .map_err(classify)?;
             let stream: ByteStream = Box::pin(stream.map_err(classify));
             Ok(stream)
+        })
+        .await
+    }
+
+    async fn read_range_into(
+        &self,
+        key: &str,
+        generation: i64,
+        range: Range<u64>,
+        crc: bool,
+    ) -> StoreResult<Option<(Bytes, Option<u32>)>> {
+        let Some(ranges) = &self.ranges else {
+            return Ok(None);
+        };
+        let Ok(want) = usize::try_from(range.end.saturating_sub(range.start)) else {
+            return Ok(None);
+        };
+        if want == 0 {
+            return Ok(None);
+        }
+        self.call("get_range", key, || async {
+            let mut buf = super::read_buffers().filling(want);
+            if crc {
+                buf = buf.with_crc32c();
+            }
+            Ok(
+                match ranges.get(key, generation, range.clone(), buf).await? {
+                    Got::Filled(buf) => {
+                        let crc = buf.crc32c();
+                        Some((buf.freeze(), crc))
+                    }
+                    Got::Unsupported => None,
+                },
+            )
         })
         .await
     }

@@ -10,6 +10,7 @@
 
 pub mod gcs;
 pub mod memory;
+pub mod range_get;
 pub mod retry;
 pub mod tls;
 
@@ -357,6 +358,20 @@ pub trait ObjectStore: Send + Sync + 'static {
         range: Range<u64>,
     ) -> StoreResult<ByteStream>;
 
+    /// Bytes `range` of generation `generation` of `key`, read straight into a buffer of the
+    /// read pool (with `crc`, also their CRC32C), retried as any request is; `None` if this
+    /// store has no such path, or not for this range, and the caller is to stream it with
+    /// [`ObjectStore::get_range`] instead.
+    async fn read_range_into(
+        &self,
+        _key: &str,
+        _generation: i64,
+        _range: Range<u64>,
+        _crc: bool,
+    ) -> StoreResult<Option<(Bytes, Option<u32>)>> {
+        Ok(None)
+    }
+
     /// Writes a whole object in one request.
     async fn put(
         &self,
@@ -430,7 +445,7 @@ const READ_BUFFERS: usize = 64 << 20;
 
 /// The buffers ranges are read into (see [`crate::buffer_pool`]: a part in fresh memory cost a
 /// fifth of the daemon's CPU per GiB read, in page faults and zeroing).
-fn read_buffers() -> &'static Arc<BufferPool> {
+pub(crate) fn read_buffers() -> &'static Arc<BufferPool> {
     static POOL: std::sync::OnceLock<Arc<BufferPool>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| BufferPool::new(READ_BUFFERS))
 }
@@ -458,6 +473,13 @@ pub async fn read_range_crc<S: ObjectStore + ?Sized>(
     range: Range<u64>,
     crc: bool,
 ) -> StoreResult<(Bytes, Option<u32>)> {
+    if let Some(got) = store
+        .read_range_into(key, generation, range.clone(), crc)
+        .await?
+    {
+        crate::metrics::fetched_bytes(got.0.len() as u64);
+        return Ok(got);
+    }
     let want = range.end.saturating_sub(range.start);
     let want_len = usize::try_from(want)
         .map_err(|_| StoreError::new(StoreErrorKind::Other, "range too large for memory"))?;

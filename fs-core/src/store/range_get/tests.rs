@@ -1,0 +1,318 @@
+//! The ranged GET against a scripted server: the bytes asked for, one connection kept for
+//! many requests, and every answer it must not take as the range.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::{Got, RangeGetter, TokenFn};
+use crate::buffer_pool::BufferPool;
+use crate::store::StoreErrorKind;
+
+/// What the server does with one request.
+#[derive(Clone)]
+enum Answer {
+    /// Sends these bytes (head and body), in pieces of at most `piece`, then waits for the
+    /// next request on the connection.
+    Send(Vec<u8>, usize),
+    /// Sends these bytes, then closes the connection.
+    SendAndClose(Vec<u8>),
+}
+
+/// A server on loopback that answers the `n`-th request of the `c`-th connection with
+/// `script[c][n]`, closing a connection once its answers run out. Returns its endpoint and
+/// the requests it received, in order, each with the index of its connection.
+async fn serve(script: Vec<Vec<Answer>>) -> (String, Arc<Mutex<Vec<(usize, String)>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        for (c, answers) in script.into_iter().enumerate() {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                for answer in answers {
+                    let mut head = Vec::new();
+                    while !head.ends_with(b"\r\n\r\n") {
+                        let mut b = [0u8; 1];
+                        if conn.read(&mut b).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(b[0]);
+                    }
+                    log.lock()
+                        .push((c, String::from_utf8_lossy(&head).into_owned()));
+                    match answer {
+                        Answer::Send(bytes, piece) => {
+                            for p in bytes.chunks(piece) {
+                                if conn.write_all(p).await.is_err() {
+                                    return;
+                                }
+                                tokio::task::yield_now().await;
+                            }
+                        }
+                        Answer::SendAndClose(bytes) => {
+                            let _ = conn.write_all(&bytes).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://127.0.0.1:{port}"), seen)
+}
+
+fn data(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
+}
+
+/// A `206` for `range` of an object of `total` bytes whose content is `object`.
+fn partial(object: &[u8], range: std::ops::Range<usize>, extra: &str) -> Vec<u8> {
+    let mut r = format!(
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {}-{}/{}\r\n\
+         {extra}\r\n",
+        range.len(),
+        range.start,
+        range.end - 1,
+        object.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(&object[range]);
+    r
+}
+
+async fn get(
+    getter: &RangeGetter,
+    pool: &Arc<BufferPool>,
+    range: std::ops::Range<u64>,
+) -> crate::store::StoreResult<Got> {
+    let buf = pool
+        .filling((range.end - range.start) as usize)
+        .with_crc32c();
+    getter.get("dir one/file+1", 42, range, buf).await
+}
+
+/// Two ranges on one connection: exactly the bytes asked for, with their CRC32C, and a
+/// request the server can route (the key escaped, the generation and range given).
+#[tokio::test]
+async fn reads_ranges_exactly_on_one_connection() {
+    let object = data(3 << 20, 7);
+    let (endpoint, seen) = serve(vec![vec![
+        Answer::Send(partial(&object, 1000..(2 << 20), ""), 70_001),
+        Answer::Send(partial(&object, (2 << 20)..(3 << 20), ""), 1 << 20),
+    ]])
+    .await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(16 << 20);
+    for range in [1000..(2u64 << 20), (2 << 20)..(3 << 20)] {
+        let Got::Filled(buf) = get(&getter, &pool, range.clone()).await.unwrap() else {
+            panic!("not taken");
+        };
+        let want = &object[range.start as usize..range.end as usize];
+        assert_eq!(buf.crc32c(), Some(crc32c::crc32c(want)));
+        assert_eq!(&buf.freeze()[..], want, "the bytes of {range:?}");
+    }
+    let seen = seen.lock();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].0, 0, "both requests on the one connection");
+    let seen: Vec<&String> = seen.iter().map(|(_, r)| r).collect();
+    assert!(
+        seen[0].starts_with(
+            "GET /storage/v1/b/bkt/o/dir%20one%2Ffile%2B1?alt=media&generation=42 HTTP/1.1\r\n"
+        ),
+        "{}",
+        seen[0]
+    );
+    assert!(seen[0].contains("\r\nRange: bytes=1000-2097151\r\n"));
+    assert!(!seen[0].contains("Authorization"), "anonymous");
+}
+
+/// A token from the source goes in every request's `Authorization` header.
+#[tokio::test]
+async fn sends_the_token() {
+    let object = data(10, 1);
+    let (endpoint, seen) = serve(vec![vec![Answer::Send(partial(&object, 0..10, ""), 64)]]).await;
+    let token: TokenFn = Arc::new(|| Box::pin(async { Ok("Bearer abc".to_string()) }));
+    let getter = RangeGetter::new(&endpoint, "bkt", Some(token)).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    assert!(matches!(
+        get(&getter, &pool, 0..10).await.unwrap(),
+        Got::Filled(_)
+    ));
+    assert!(seen.lock()[0]
+        .1
+        .contains("\r\nAuthorization: Bearer abc\r\n"));
+}
+
+/// A connection the server closed while it sat idle is replaced without failing the request.
+#[tokio::test]
+async fn replaces_a_connection_closed_while_idle() {
+    let object = data(5000, 3);
+    let (endpoint, seen) = serve(vec![
+        vec![Answer::Send(partial(&object, 0..5000, ""), 999)],
+        vec![Answer::Send(partial(&object, 100..200, ""), 999)],
+    ])
+    .await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    assert!(matches!(
+        get(&getter, &pool, 0..5000).await.unwrap(),
+        Got::Filled(_)
+    ));
+    let Got::Filled(buf) = get(&getter, &pool, 100..200).await.unwrap() else {
+        panic!("not taken");
+    };
+    assert_eq!(&buf.freeze()[..], &object[100..200]);
+    let seen = seen.lock();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].0, 1, "the second request went on a new connection");
+}
+
+/// A connection the server said it would close (`Connection: close`, or HTTP/1.0) is not used
+/// again; an interim `100 Continue` before the answer is skipped; a `200` for a range from
+/// the start is taken.
+#[tokio::test]
+async fn follows_what_the_answer_says_of_its_connection() {
+    let object = data(300, 4);
+    let whole = |version: &str, extra: &str| {
+        let mut r =
+            format!("HTTP/{version} 200 OK\r\nContent-Length: 300\r\n{extra}\r\n").into_bytes();
+        r.extend_from_slice(&object);
+        r
+    };
+    let mut interim = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
+    interim.extend(partial(&object, 10..20, ""));
+    let (endpoint, seen) = serve(vec![
+        vec![
+            Answer::Send(whole("1.1", "Connection: close\r\n"), 50),
+            Answer::Send(whole("1.1", ""), 50),
+        ],
+        vec![
+            Answer::Send(whole("1.0", ""), 50),
+            Answer::Send(whole("1.1", ""), 50),
+        ],
+        vec![Answer::Send(interim, 7), Answer::Send(whole("1.1", ""), 50)],
+    ])
+    .await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    for _ in 0..2 {
+        let Got::Filled(buf) = get(&getter, &pool, 0..300).await.unwrap() else {
+            panic!("not taken");
+        };
+        assert_eq!(&buf.freeze()[..], &object[..]);
+    }
+    let Got::Filled(buf) = get(&getter, &pool, 10..20).await.unwrap() else {
+        panic!("not taken");
+    };
+    assert_eq!(&buf.freeze()[..], &object[10..20]);
+    let conns: Vec<usize> = seen.lock().iter().map(|(c, _)| *c).collect();
+    assert_eq!(conns, vec![0, 1, 2], "a new connection each time");
+}
+
+/// A head that cannot be parsed is transient: a new connection may get a good one.
+#[tokio::test]
+async fn a_garbled_head_is_transient() {
+    let (endpoint, _) = serve(vec![vec![Answer::Send(
+        b"HTTP/1.1 2x6 Partial\r\n\r\n".to_vec(),
+        64,
+    )]])
+    .await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    let Err(e) = get(&getter, &pool, 0..10).await else {
+        panic!("a garbled answer taken");
+    };
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+}
+
+/// An answer that stops short is a transient failure (the caller retries), not a short range.
+#[tokio::test]
+async fn a_body_cut_short_is_transient() {
+    let object = data(100_000, 5);
+    let mut cut = partial(&object, 0..100_000, "");
+    cut.truncate(cut.len() - 1);
+    let (endpoint, _) = serve(vec![vec![Answer::SendAndClose(cut)]]).await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    let Err(e) = get(&getter, &pool, 0..100_000).await else {
+        panic!("a short body taken");
+    };
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+}
+
+/// An error answer is classified by its status, with GCS's message.
+#[tokio::test]
+async fn an_error_answer_says_what_gcs_said() {
+    let body = r#"{"error":{"code":404,"message":"No such object: bkt/x"}}"#;
+    let answer = format!(
+        "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (endpoint, _) = serve(vec![vec![Answer::Send(answer.into_bytes(), 7)]]).await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    let Err(e) = get(&getter, &pool, 0..10).await else {
+        panic!("an error taken as bytes");
+    };
+    assert_eq!(e.kind, StoreErrorKind::NotFound);
+    assert!(e.message.contains("No such object"), "{e}");
+}
+
+/// Bytes other than the range asked for are never taken: another range, or an answer without
+/// a length (which the client reads instead).
+#[tokio::test]
+async fn takes_only_the_range_asked_for() {
+    let object = data(1000, 9);
+    let chunked =
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec();
+    let whole = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789".to_vec();
+    let (endpoint, _) = serve(vec![
+        vec![Answer::Send(partial(&object, 0..10, ""), 100)],
+        vec![Answer::Send(chunked, 100)],
+        vec![Answer::Send(whole, 100)],
+    ])
+    .await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    let Err(e) = get(&getter, &pool, 10..20).await else {
+        panic!("bytes 0-9 taken for 10-19");
+    };
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+    assert!(matches!(
+        get(&getter, &pool, 0..5).await.unwrap(),
+        Got::Unsupported
+    ));
+    let Err(_) = get(&getter, &pool, 10..20).await else {
+        panic!("a whole object taken for a range not at its start");
+    };
+}
+
+/// A server that answers nothing fails the request once the read times out (time paused).
+#[tokio::test(start_paused = true)]
+async fn a_silent_server_times_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let hold = tokio::spawn(async move {
+        let (_conn, _) = listener.accept().await.unwrap();
+        std::future::pending::<()>().await;
+    });
+    let start = tokio::time::Instant::now();
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    let Err(e) = get(&getter, &pool, 0..10).await else {
+        panic!("an answer from a silent server");
+    };
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+    assert!(e.message.contains("timed out"), "{e}");
+    assert!(start.elapsed() >= super::IO_TIMEOUT);
+    hold.abort();
+}
