@@ -135,3 +135,29 @@ while True:
                 raise
 EOF
 }
+
+# start_emulator_tls: the emulator over HTTPS for the mount, with a certificate from a CA made
+# here and trusted by the daemon alone (SSL_CERT_FILE), plain HTTP beside it for the script's
+# own requests. Filesystem backend under $WORK/gcs. Sets EMU_PID, EMU_URL (the plain side),
+# ENDPOINT (the HTTPS side) and ENDPOINT_ENV (the command prefix that trusts the CA).
+start_emulator_tls() {
+  (cd "$WORK" &&
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -keyout ca.key -out ca.pem \
+      -subj "/CN=bucketdrive bench CA" 2>/dev/null &&
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1 2>/dev/null &&
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext &&
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+      -out server.pem -extfile server.ext 2>/dev/null)
+  local free_port='import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  local http_port https_port
+  http_port=$(python3 -c "$free_port"); https_port=$(python3 -c "$free_port")
+  "$FAKE_GCS_SERVER" -scheme both -host 127.0.0.1 -port "$https_port" -port-http "$http_port" \
+    -cert-location "$WORK/server.pem" -private-key-location "$WORK/server.key" \
+    -public-host "127.0.0.1:$https_port" -external-url "https://127.0.0.1:$https_port" \
+    -backend filesystem -filesystem-root "$WORK/gcs" -log-level error >/dev/null 2>&1 &
+  EMU_PID=$!
+  EMU_URL="http://127.0.0.1:$http_port"
+  for _ in $(seq 100); do curl -sf "$EMU_URL/storage/v1/b" >/dev/null 2>&1 && break; sleep 0.1; done
+  ENDPOINT="https://127.0.0.1:$https_port"
+  ENDPOINT_ENV=(env "SSL_CERT_FILE=$WORK/ca.pem")
+}

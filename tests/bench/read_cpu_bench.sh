@@ -5,6 +5,7 @@
 # every read (warm_memory). Medians of RUNS. Every read's bytes are checked (sha256).
 #
 #   BASE=<rev> [RUNS=5] [SIZE_MIB=1024] bash tests/bench/read_cpu_bench.sh [mount options...]
+#   TLS=1 ...    # over HTTPS (start_emulator_tls: a test CA the daemon alone trusts)
 #
 # The page faults (minor faults of the daemon, /proc/PID/stat) are what a change to how the
 # daemon's buffers are backed moves; they vary far less from run to run than CPU time does on
@@ -19,7 +20,13 @@ source tests/bench/common.sh
 bench_work bd-read-cpu
 cargo build --release --quiet -p fs-linux
 build_base "$WORK/base"
-start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+ENDPOINT_ENV=()
+if [ "${TLS:-0}" = 1 ]; then
+  start_emulator_tls
+else
+  start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+  ENDPOINT=$EMU_URL
+fi
 create_bucket bench
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
 SHA=$(sha256sum "$WORK/src" | cut -d' ' -f1)
@@ -29,7 +36,7 @@ rm -f "$WORK/src"
 faults() { awk '{ print $10 }' "/proc/$1/stat"; }
 read_once() {  # BINARY → "MB/s CPU-s-per-GiB faults-per-GiB"
   rm -rf "$WORK/cache"
-  "$1" mount bench "$MNT" --endpoint "$EMU_URL" --anonymous --cache-dir "$WORK/cache" \
+  "${ENDPOINT_ENV[@]}" "$1" mount bench "$MNT" --endpoint "$ENDPOINT" --anonymous --cache-dir "$WORK/cache" \
     --log-file "$WORK/bd.log" "${@:2}"
   local pid c0 c1 f0 f1 s e
   pid=$(pgrep -f "$1 mount bench $MNT" | head -n 1)
@@ -54,7 +61,7 @@ for i in $(seq "$RUNS"); do
   done
 done
 echo
-echo "| medians of $RUNS, $SIZE_MIB MiB, dd bs=1M, loopback | base $(git rev-parse --short "$BASE") | this | this ÷ base |"
+echo "| medians of $RUNS, $SIZE_MIB MiB, dd bs=1M, loopback$([ "${TLS:-0}" = 1 ] && echo ', HTTPS') | base $(git rev-parse --short "$BASE") | this | this ÷ base |"
 echo "|---|---:|---:|---:|"
 for k in "MB/s:mbps" "daemon CPU s per GiB:cpu" "daemon page faults per GiB:faults"; do
   b=$(med "base.${k#*:}"); t=$(med "this.${k#*:}")

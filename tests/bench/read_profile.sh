@@ -28,26 +28,7 @@ bench_binary
 cargo build --release --quiet -p bucketdrive-tests --bin fuse-floor
 ENDPOINT_ENV=()
 if [ "${TLS:-0}" = 1 ]; then
-  # HTTPS for the mount (a CA made here, trusted by the daemon alone through SSL_CERT_FILE),
-  # plain HTTP beside it for this script's own requests.
-  (cd "$WORK" &&
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -keyout ca.key -out ca.pem \
-      -subj "/CN=bucketdrive bench CA" 2>/dev/null &&
-    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1 2>/dev/null &&
-    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext &&
-    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
-      -out server.pem -extfile server.ext 2>/dev/null)
-  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-  HTTP_PORT=$(free_port); HTTPS_PORT=$(free_port)
-  "$FAKE_GCS_SERVER" -scheme both -host 127.0.0.1 -port "$HTTPS_PORT" -port-http "$HTTP_PORT" \
-    -cert-location "$WORK/server.pem" -private-key-location "$WORK/server.key" \
-    -public-host "127.0.0.1:$HTTPS_PORT" -external-url "https://127.0.0.1:$HTTPS_PORT" \
-    -backend filesystem -filesystem-root "$WORK/gcs" -log-level error >/dev/null 2>&1 &
-  EMU_PID=$!
-  EMU_URL="http://127.0.0.1:$HTTP_PORT"
-  for _ in $(seq 100); do curl -sf "$EMU_URL/storage/v1/b" >/dev/null 2>&1 && break; sleep 0.1; done
-  ENDPOINT="https://127.0.0.1:$HTTPS_PORT"
-  ENDPOINT_ENV=(env "SSL_CERT_FILE=$WORK/ca.pem")
+  start_emulator_tls
 else
   start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
   ENDPOINT=$EMU_URL

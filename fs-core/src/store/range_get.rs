@@ -324,7 +324,17 @@ impl RangeGetter {
         let mut wake = WakeAt::default();
         while buf.remaining() > 0 {
             wake.set(&conn, buf.remaining());
-            match io(conn.read(buf.unfilled())).await {
+            let read = if wake.raised() {
+                match tokio::time::timeout(MARK_PATIENCE, conn.read(buf.unfilled())).await {
+                    Ok(read) => read,
+                    // A read of a TCP stream dropped unfinished has taken nothing.
+                    Err(_) if wake.give_up(&conn) => continue,
+                    Err(_) => return Err(failed("cannot lower the receive mark")),
+                }
+            } else {
+                io(conn.read(buf.unfilled())).await
+            };
+            match read {
                 Ok(0) => {
                     return Err(failed(format!(
                         "short read: connection closed after {} of {want} bytes",
@@ -390,14 +400,42 @@ const WAKE_AT: usize = 256 << 10;
 struct WakeAt {
     /// The mark set, 0 if none was.
     set: usize,
+    /// The mark was not reached in [`MARK_PATIENCE`]: left at 1 for the rest of this body.
+    off: bool,
 }
+
+/// How long a read waits for the mark before the mark goes back to 1 for the rest of the
+/// body. A socket that cannot queue the mark's worth (a kernel older than 4.18 does not grow
+/// the receive buffer for it, and the window closes below it) would otherwise never wake its
+/// reader, and the read would fail at [`IO_TIMEOUT`]; a slow link that takes longer to bring
+/// the mark's worth gains nothing from it either.
+const MARK_PATIENCE: Duration = Duration::from_millis(100);
 
 impl WakeAt {
     fn set(&mut self, conn: &Conn, remaining: usize) {
+        if self.off {
+            return;
+        }
         let want = WAKE_AT.min(remaining).max(1);
         if want != self.set && (self.set != 0 || want > 1) && set_rcvlowat(conn, want) {
             self.set = want;
         }
+    }
+
+    /// Whether a mark above 1 is set.
+    fn raised(&self) -> bool {
+        self.set > 1
+    }
+
+    /// The mark was not reached in time: back to 1 for the rest of the body; `false` if that
+    /// failed.
+    fn give_up(&mut self, conn: &Conn) -> bool {
+        self.off = true;
+        let done = set_rcvlowat(conn, 1);
+        if done {
+            self.set = 1;
+        }
+        done
     }
 
     /// Back to 1; `false` if that failed, and the connection is not to be used again.

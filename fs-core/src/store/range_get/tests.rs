@@ -2,6 +2,7 @@
 //! many requests, and every answer it must not take as the range.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,6 +20,8 @@ enum Answer {
     Send(Vec<u8>, usize),
     /// Sends these bytes, then closes the connection.
     SendAndClose(Vec<u8>),
+    /// Sends the first `n` bytes, waits, then the rest in pieces of at most `piece`.
+    Pause(Vec<u8>, usize, Duration, usize),
 }
 
 /// A server on loopback that answers the `n`-th request of the `c`-th connection with
@@ -54,6 +57,17 @@ async fn serve(script: Vec<Vec<Answer>>) -> (String, Arc<Mutex<Vec<(usize, Strin
                                     return;
                                 }
                                 tokio::task::yield_now().await;
+                            }
+                        }
+                        Answer::Pause(bytes, n, pause, piece) => {
+                            if conn.write_all(&bytes[..n]).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(pause).await;
+                            for p in bytes[n..].chunks(piece) {
+                                if conn.write_all(p).await.is_err() {
+                                    return;
+                                }
                             }
                         }
                         Answer::SendAndClose(bytes) => {
@@ -133,6 +147,62 @@ async fn reads_ranges_exactly_on_one_connection() {
     );
     assert!(seen[0].contains("\r\nRange: bytes=1000-2097151\r\n"));
     assert!(!seen[0].contains("Authorization"), "anonymous");
+}
+
+/// The socket's receive mark never holds back the bytes a body still needs: a body whose
+/// last piece is smaller than the mark, one that pauses below the mark, and then a small
+/// answer on the same connection (which a mark left raised would hold back) all arrive, and
+/// the connection is kept with its mark back at 1.
+#[tokio::test]
+async fn the_receive_mark_never_holds_back_a_body() {
+    let object = data(1 << 20, 11);
+    let big = (300 << 10) + 7;
+    let (endpoint, seen) = serve(vec![vec![
+        Answer::Send(partial(&object, 0..big, ""), 4093),
+        Answer::Pause(
+            partial(&object, 5..(200 << 10), ""),
+            70_000,
+            Duration::from_millis(400),
+            1 << 20,
+        ),
+        Answer::Send(partial(&object, 3..13, ""), 64),
+    ]])
+    .await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(4 << 20);
+    for range in [0..big as u64, 5..(200 << 10), 3..13] {
+        let got = tokio::time::timeout(Duration::from_secs(5), get(&getter, &pool, range.clone()))
+            .await
+            .expect("the body arrives well before the read timeout");
+        let Got::Filled(buf) = got.unwrap() else {
+            panic!("not taken");
+        };
+        let want = &object[range.start as usize..range.end as usize];
+        assert_eq!(buf.crc32c(), Some(crc32c::crc32c(want)));
+        assert_eq!(&buf.freeze()[..], want, "the bytes of {range:?}");
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let idle = getter.idle.lock();
+            let super::Conn::Plain(tcp) = &idle[0].0 else {
+                panic!("a plain connection");
+            };
+            let mut mark: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: a valid socket, and a c_int with its size for the answer.
+            let r = unsafe {
+                libc::getsockopt(
+                    tcp.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVLOWAT,
+                    (&mut mark as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!((r, mark), (0, 1), "kept with the mark back at 1");
+        }
+    }
+    assert!(seen.lock().iter().all(|(c, _)| *c == 0), "one connection");
 }
 
 /// A token from the source goes in every request's `Authorization` header.
