@@ -392,10 +392,16 @@ impl RangeGetter {
 /// part").
 const WAKE_AT: usize = 256 << 10;
 
-/// The socket's receive low-water mark, kept at most the body's remaining bytes, so the last
-/// of them still wake the reader. Plain connections only: over TLS the socket holds records
-/// whose bytes rustls may already have part of, so no mark below the remaining bytes is sure
-/// to be reached. The mark goes back to 1 before the connection waits for its next answer.
+/// The most body bytes rustls can hold between our reads, with room to spare: one partial
+/// record (at most 16 KiB of plaintext and its overhead) and what one read of the socket
+/// (at most a record's worth) decrypted.
+const TLS_HELD: usize = 64 << 10;
+
+/// The socket's receive low-water mark, kept at most the bytes the socket is sure still to
+/// bring, so the last of them still wake the reader. Over TLS that is the body's remaining
+/// bytes less what rustls may hold already ([`TLS_HELD`]; each record's bytes on the wire are
+/// more than its plaintext). The mark goes back to 1 before the connection waits for its next
+/// answer.
 #[derive(Default)]
 struct WakeAt {
     /// The mark set, 0 if none was.
@@ -416,7 +422,14 @@ impl WakeAt {
         if self.off {
             return;
         }
-        let want = WAKE_AT.min(remaining).max(1);
+        // Over TLS the socket is still to bring at least the body's remaining bytes less
+        // what rustls holds: part of one record not yet decrypted, and records decrypted but
+        // not yet read out (a read of its takes at most a record and a bit).
+        let still_to_come = match conn {
+            Conn::Plain(_) => remaining,
+            Conn::Tls(_) => remaining.saturating_sub(TLS_HELD),
+        };
+        let want = WAKE_AT.min(still_to_come).max(1);
         if want != self.set && (self.set != 0 || want > 1) && set_rcvlowat(conn, want) {
             self.set = want;
         }
@@ -444,11 +457,15 @@ impl WakeAt {
     }
 }
 
-/// Sets `SO_RCVLOWAT` on a plain connection's socket; `false` if not (TLS, not Unix, failed).
+/// Sets `SO_RCVLOWAT` on a connection's socket; `false` if not (not Unix, or it failed).
 fn set_rcvlowat(conn: &Conn, bytes: usize) -> bool {
     #[cfg(unix)]
-    if let Conn::Plain(tcp) = conn {
+    {
         use std::os::fd::AsRawFd;
+        let tcp = match conn {
+            Conn::Plain(tcp) => tcp,
+            Conn::Tls(tls) => tls.get_ref().0,
+        };
         let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         // SAFETY: a valid socket descriptor owned by `tcp`, and a pointer to a c_int of the
         // size given, as SO_RCVLOWAT takes.
@@ -461,10 +478,13 @@ fn set_rcvlowat(conn: &Conn, bytes: usize) -> bool {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         };
-        return r == 0;
+        r == 0
     }
-    let _ = (conn, bytes);
-    false
+    #[cfg(not(unix))]
+    {
+        let _ = (conn, bytes);
+        false
+    }
 }
 
 /// How an exchange failed: before any answer arrived (on a connection kept idle, the server
