@@ -651,7 +651,7 @@ impl ObjectStore for GcsStore {
         range: Range<u64>,
         crc: bool,
     ) -> StoreResult<Option<(Bytes, Option<u32>)>> {
-        let Some(ranges) = &self.ranges else {
+        let Some(ranges) = self.ranges.as_ref().filter(|r| r.in_use()) else {
             return Ok(None);
         };
         let Ok(want) = usize::try_from(range.end.saturating_sub(range.start)) else {

@@ -26,6 +26,7 @@
 use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -78,7 +79,13 @@ pub struct RangeGetter {
     tls: Option<Tls>,
     token: Option<TokenFn>,
     idle: Mutex<Vec<(Conn, Instant)>>,
+    /// Answers not taken ([`Got::Unsupported`]) so far: each cost a GET the client then sends
+    /// again, so an endpoint that keeps answering that way is left to the client.
+    unsupported: AtomicU32,
 }
+
+/// After this many answers not taken, every range goes through the client.
+const UNSUPPORTED_LIMIT: u32 = 8;
 
 struct Tls {
     connector: tokio_rustls::TlsConnector,
@@ -120,7 +127,14 @@ impl RangeGetter {
             tls,
             token,
             idle: Mutex::new(Vec::new()),
+            unsupported: AtomicU32::new(0),
         })
+    }
+
+    /// Whether ranges are still to be read here: `false` once the endpoint has given
+    /// [`UNSUPPORTED_LIMIT`] answers this reader does not take.
+    pub fn in_use(&self) -> bool {
+        self.unsupported.load(Ordering::Relaxed) < UNSUPPORTED_LIMIT
     }
 
     /// One GET of bytes `range` of generation `generation` of `key` into `buf` (which wants
@@ -300,6 +314,12 @@ impl RangeGetter {
         }
         let want = range.end - range.start;
         let Some(length) = parsed.content_length.filter(|_| !parsed.chunked) else {
+            if self.unsupported.fetch_add(1, Ordering::Relaxed) + 1 == UNSUPPORTED_LIMIT {
+                tracing::warn!(
+                    "the endpoint answers ranged reads without a Content-Length: reading \
+                     through the HTTP client from now on"
+                );
+            }
             return Ok(Got::Unsupported);
         };
         let content_range_ok = match parsed.status {

@@ -386,3 +386,26 @@ async fn a_silent_server_times_out() {
     assert!(start.elapsed() >= super::IO_TIMEOUT);
     hold.abort();
 }
+
+/// An endpoint that keeps answering without a length is left to the client: each such answer
+/// costs a GET the client sends again.
+#[tokio::test]
+async fn an_endpoint_that_never_gives_a_length_is_left_to_the_client() {
+    let chunked =
+        b"HTTP/1.1 206 Partial Content\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+            .to_vec();
+    let script = (0..super::UNSUPPORTED_LIMIT)
+        .map(|_| vec![Answer::Send(chunked.clone(), 100)])
+        .collect();
+    let (endpoint, _) = serve(script).await;
+    let getter = RangeGetter::new(&endpoint, "bkt", None).unwrap();
+    let pool = BufferPool::new(1 << 20);
+    for _ in 0..super::UNSUPPORTED_LIMIT {
+        assert!(getter.in_use());
+        assert!(matches!(
+            get(&getter, &pool, 0..5).await.unwrap(),
+            Got::Unsupported
+        ));
+    }
+    assert!(!getter.in_use());
+}
