@@ -402,14 +402,7 @@ fn classify(e: GcsError) -> StoreError {
                     return StoreError::from_status(s.as_u16(), redact_url(e).to_string());
                 }
                 // Asking again gets the same certificate: no retry, and say what is wrong.
-                (None, Some(why)) => (
-                    StoreErrorKind::Other,
-                    format!(
-                        "the endpoint's TLS certificate is not trusted ({why}); a private CA \
-                         can be trusted with SSL_CERT_FILE: {}",
-                        redact_url(e)
-                    ),
-                ),
+                (None, Some(why)) => (StoreErrorKind::Other, untrusted(&why, redact_url(e))),
                 (None, None)
                     if e.is_timeout()
                         || e.is_connect()
@@ -433,8 +426,8 @@ fn classify(e: GcsError) -> StoreError {
 /// What rustls said of the server's certificate, if the request failed because it would not
 /// trust it. rustls's error sits inside `io::Error`s (one in another), whose `source()` skips
 /// what they wrap, so the walk goes into each one's inner error instead.
-fn certificate_error(e: &reqwest::Error) -> Option<String> {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+pub(super) fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(e);
     while let Some(err) = next {
         if let Some(
             tls @ (rustls::Error::InvalidCertificate(_)
@@ -453,6 +446,15 @@ fn certificate_error(e: &reqwest::Error) -> Option<String> {
         };
     }
     None
+}
+
+/// What a request refused for its endpoint's certificate (`why`, from [`certificate_error`])
+/// says, and what to do about it.
+pub(super) fn untrusted(why: &str, what: impl std::fmt::Display) -> String {
+    format!(
+        "the endpoint's TLS certificate is not trusted ({why}); a private CA can be trusted \
+         with SSL_CERT_FILE: {what}"
+    )
 }
 
 /// Drops the query, the fragment and any user or password from the URL an HTTP error carries

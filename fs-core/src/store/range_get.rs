@@ -575,22 +575,8 @@ async fn io<T>(f: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T
 /// What a TLS handshake's failure means: an untrusted certificate will not change by asking
 /// again; anything else might.
 fn tls_error(addr: &str, e: std::io::Error) -> StoreError {
-    let certificate = e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .filter(|tls| {
-            matches!(
-                tls,
-                rustls::Error::InvalidCertificate(_)
-                    | rustls::Error::NoCertificatesPresented
-                    | rustls::Error::UnsupportedNameType
-            )
-        });
-    match certificate {
-        Some(why) => other(format!(
-            "the endpoint's TLS certificate is not trusted ({why}); a private CA can be \
-             trusted with SSL_CERT_FILE: {addr}"
-        )),
+    match super::gcs::certificate_error(&e) {
+        Some(why) => other(super::gcs::untrusted(&why, addr)),
         None => transient(format!("TLS handshake with {addr}: {e}")),
     }
 }

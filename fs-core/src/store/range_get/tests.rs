@@ -409,3 +409,24 @@ async fn an_endpoint_that_never_gives_a_length_is_left_to_the_client() {
     }
     assert!(!getter.in_use());
 }
+
+/// A handshake refused for the server's certificate is not retried, and says what to do; any
+/// other handshake failure is transient.
+#[test]
+fn an_untrusted_certificate_is_said_and_not_retried() {
+    let refused = std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+    );
+    let e = super::tls_error("127.0.0.1:443", refused);
+    assert_eq!(e.kind, StoreErrorKind::Other);
+    assert!(
+        e.message.contains("certificate is not trusted") && e.message.contains("SSL_CERT_FILE"),
+        "{e}"
+    );
+    let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+    assert_eq!(
+        super::tls_error("127.0.0.1:443", reset).kind,
+        StoreErrorKind::Transient
+    );
+}
