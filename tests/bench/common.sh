@@ -161,3 +161,16 @@ start_emulator_tls() {
   ENDPOINT="https://127.0.0.1:$https_port"
   ENDPOINT_ENV=(env "SSL_CERT_FILE=$WORK/ca.pem")
 }
+
+# start_bench_emulator: the emulator (filesystem backend under $WORK/gcs) for a benchmark's
+# mount, over HTTPS with TLS=1 (start_emulator_tls), else plain HTTP. Sets EMU_URL (for the
+# script's own requests), ENDPOINT (the mount's) and ENDPOINT_ENV (the mount's command prefix).
+start_bench_emulator() {
+  ENDPOINT_ENV=()
+  if [ "${TLS:-0}" = 1 ]; then
+    start_emulator_tls
+  else
+    start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
+    ENDPOINT=$EMU_URL
+  fi
+}

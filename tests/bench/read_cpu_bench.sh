@@ -20,13 +20,7 @@ source tests/bench/common.sh
 bench_work bd-read-cpu
 cargo build --release --quiet -p fs-linux
 build_base "$WORK/base"
-ENDPOINT_ENV=()
-if [ "${TLS:-0}" = 1 ]; then
-  start_emulator_tls
-else
-  start_emulator -backend filesystem -filesystem-root "$WORK/gcs"
-  ENDPOINT=$EMU_URL
-fi
+start_bench_emulator
 create_bucket bench
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$WORK/src"
 SHA=$(sha256sum "$WORK/src" | cut -d' ' -f1)
