@@ -76,10 +76,13 @@ impl Streams {
         self.cap
     }
 
-    /// Parts needed at one level before deciding: enough for a stable median, and at least a
-    /// full round of the pipe so the new streams have all been measured.
+    /// Parts needed at one level before deciding: enough for a stable median (every one
+    /// started with the pipe full, so each saw the level's contention), and no more. Each part
+    /// waited for is read below the level that may fill the link: at 16 streams, 16 parts of
+    /// 8 MiB were an eighth of a GiB (`benchmarks.md`, "The ramp when the reader is not the
+    /// bound").
     fn samples_needed(&self) -> usize {
-        self.level.clamp(4, 16)
+        self.level.clamp(4, 8)
     }
 
     /// The reader had to wait for a part still in flight.
