@@ -36,6 +36,14 @@ warm_memory() {
   python3 -c "b = bytearray(b'\\x01') * (${WARM_GIB:-6} << 30)"
 }
 
+# The machine's CPU time so far, busy and in all (jiffies, every CPU, from /proc/stat): two
+# marks give the share of the machine a span kept busy (busy_pct), which says whether a rate
+# was bound by these cores or by something else.
+cpu_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t }' /proc/stat; }
+busy_pct() {  # MARK-BEFORE MARK-AFTER
+  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); if (y[2] > x[2]) printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }'
+}
+
 cpu_s() { awk '{ printf "%.3f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 # Seconds until `dd if=SRC of=DST bs=BS [flags...]` returns (its close included), from the same
 # start every time: nothing dirty, and only the source in the page cache (these machines

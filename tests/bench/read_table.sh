@@ -40,6 +40,7 @@ cell() {  # ramp row name -> its median MB/s
 }
 raw=$(cell "raw: curl, 8 MiB ranged GETs ×32")
 fixed=$(cell "bucketdrive --read-concurrency 32")
+fixed_cmp=$(cell "bucketdrive --read-concurrency 32, the reader comparing the bytes (cmp)")
 defaults=$(cell "bucketdrive, defaults")
 eight=$(grep -F "| bucketdrive |" "$OUT/ramp" | tail -n 1)
 rss=$(echo "$eight" | awk -F'|' '{ gsub(/ /, "", $3); print $3 }')
@@ -54,6 +55,8 @@ for k in http https; do
 done
 cp_mbps=$(pick cp '^read 1024' ':')
 cp_local=$(pick cp '^the same read of a local file' 'file:')
+cp_floor=$(pick cp '^the floor \(' 'read:')
+cp_floor_load=$(pick cp '^the floor while' 'curl:')
 
 echo
 echo "## Network reads, one run ($(date -u +%Y-%m-%d), $(git rev-parse --short HEAD))"
@@ -63,10 +66,12 @@ echo
 echo "| row | ceiling or baseline | bucketdrive | ÷ | target |"
 echo "|---|---:|---:|---:|---|"
 echo "| 1 GiB, shaped link, fixed 32 (MB/s) | curl ×32: $raw | $fixed | $(ratio "$fixed" "$raw") | ≥ 0.95 |"
+echo "| the same, the reader comparing the bytes with the source as it reads (\`dd\` into \`cmp\`) | curl ×32: $raw | $fixed_cmp | $(ratio "$fixed_cmp" "$raw") | |"
 echo "| 1 GiB, shaped link, defaults (MB/s) | fixed 32: $fixed | $defaults | $(ratio "$defaults" "$fixed") | ≥ 0.97 |"
 echo "| daemon CPU s per GiB, loopback, HTTP | floor $http_floor (under load $http_load); rclone $http_rclone_cpu | $http_cpu | $(ratio "$http_cpu" "$http_floor") × floor | ≤ 0.5, or ≤ 1.5 × floor |"
 echo "| MB/s, loopback, HTTP | rclone $http_rclone_mbps | $http_mbps | $(ratio "$http_mbps" "$http_rclone_mbps") | |"
 echo "| daemon CPU s per GiB, loopback, HTTPS | floor $https_floor (under load $https_load); rclone $https_rclone_cpu | $https_cpu | $(ratio "$https_cpu" "$https_floor") × floor | ≤ 1.0 |"
 echo "| MB/s, loopback, HTTPS | rclone $https_rclone_mbps | $https_mbps | $(ratio "$https_mbps" "$https_rclone_mbps") | |"
 echo "| \`cp\` of the object to the local disk (MB/s) | local \`cp\`: $cp_local | $cp_mbps | $(ratio "$cp_mbps" "$cp_local") | ≥ 0.85 |"
+echo "| \`cp\` of the floor's file (a FUSE server answering from memory): alone / while the emulator streams (MB/s) | local \`cp\`: $cp_local | $cp_floor / $cp_floor_load | $(ratio "$cp_floor" "$cp_local") / $(ratio "$cp_floor_load" "$cp_local") | |"
 echo "| 8 readers, 1 GiB budget: peak RSS MiB / aggregate MB/s | | $rss / $agg | | no regression |"
