@@ -463,14 +463,23 @@ impl<S: ObjectStore> Reader<S> {
         Ok(data)
     }
 
-    /// Waits for part `i` and returns its bytes. A part that had to be waited for and its
-    /// timing feed the stream-count probe.
+    /// Waits for part `i` and returns its bytes. A wait (and how many parts were in flight
+    /// then) and each part's timing feed the stream-count probe.
     async fn ready(&mut self, i: usize) -> StoreResult<Bytes> {
+        let waits = matches!(&self.parts[i].state, PartState::Pending(h) if !h.is_finished());
+        if waits {
+            let in_flight = self
+                .parts
+                .iter()
+                .filter(|p| matches!(p.state, PartState::Pending(_)))
+                .count();
+            let ceiling = self.ceiling();
+            if let Some(now) = self.streams.waited_while_full(in_flight, ceiling) {
+                tracing::debug!(key = %self.key, streams = now, "read streams changed");
+            }
+        }
         let part = &mut self.parts[i];
         if let PartState::Pending(h) = &mut part.state {
-            if !h.is_finished() {
-                self.streams.note_starved();
-            }
             let (bytes, elapsed) = match h.await {
                 Ok((r, elapsed)) => (r?, elapsed),
                 Err(e) => {

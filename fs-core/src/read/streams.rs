@@ -8,6 +8,15 @@
 //! grew, and settles (going back one step if the last step did not pay) once it stops
 //! growing, never above the cap.
 //!
+//! The first doubling does not wait for the first level's measurement: a reader that waits for
+//! a part while all of that level is in flight is bound by the link there, and timing the level
+//! first kept a reader alone at 16 streams for a part's time and more (`benchmarks.md`, "The
+//! ramp when the reader is not the bound"). What the doubling must beat is then estimated from
+//! the parts the first level finished while the pipe was still filling; since that is only an
+//! estimate (those parts ran beside fewer others, and the first were small), the doubling is
+//! timed only after a round of the pipe at the new level, and kept only if it gained what a
+//! measured one must gain.
+//!
 //! The estimate is `level × median per-part rate`, measured only on parts started while the
 //! pipe held `level` requests. Rates are per part, not per interval, so a slow consumer or a
 //! pause between reads does not read as a slow link. More streams are tried only while the
@@ -23,6 +32,9 @@ use std::time::Duration;
 /// A rise must improve the estimate by this factor to count as growth.
 const GROWTH: f64 = 1.15;
 
+/// Rates of the first level's pipe-filling parts kept for its estimate.
+const EARLY_KEPT: usize = 16;
+
 /// The stream-count policy of one reader.
 #[derive(Debug, Clone)]
 pub struct Streams {
@@ -30,13 +42,23 @@ pub struct Streams {
     cap: usize,
     /// No probing: the level was given, or probing has ended.
     settled: bool,
-    /// Set by a rise, until the next decision: the level before it and its estimate (bytes
-    /// per second).
-    previous: Option<(usize, f64)>,
+    /// Set by a rise, until the next decision: the level before it, its estimate (bytes per
+    /// second), and whether that estimate came from the first level's pipe-filling parts
+    /// rather than from a measurement of the level.
+    previous: Option<(usize, f64, bool)>,
     /// Per-part rates (bytes per second) of parts started at `level` with the pipe full.
     rates: Vec<f64>,
     /// Whether the reader waited for an in-flight part since the last decision.
     starved: bool,
+    /// Still at the level probing started at, with no decision made: the next wait on a full
+    /// pipe doubles the level at once.
+    first: bool,
+    /// Per-part rates of the first level's parts so far (up to [`EARLY_KEPT`]), the pipe full
+    /// or not.
+    early: Vec<f64>,
+    /// Full-pipe parts still to pass over before measuring: a round of the pipe after a rise
+    /// that came before any measurement, whose first parts ran while it was still filling.
+    skip: usize,
 }
 
 impl Streams {
@@ -50,6 +72,9 @@ impl Streams {
             previous: None,
             rates: Vec::new(),
             starved: false,
+            first: false,
+            early: Vec::new(),
+            skip: 0,
         }
     }
 
@@ -63,6 +88,9 @@ impl Streams {
             previous: None,
             rates: Vec::new(),
             starved: false,
+            first: true,
+            early: Vec::new(),
+            skip: 0,
         }
     }
 
@@ -76,18 +104,42 @@ impl Streams {
         self.cap
     }
 
-    /// Parts needed at one level before deciding: enough for a stable median (every one
-    /// started with the pipe full, so each saw the level's contention), and no more. Each part
-    /// waited for is read below the level that may fill the link: at 16 streams, 16 parts of
-    /// 8 MiB were an eighth of a GiB (`benchmarks.md`, "The ramp when the reader is not the
-    /// bound").
+    /// Parts needed at one level before deciding: enough for a stable median, and at least a
+    /// full round of the pipe so the new streams have all been measured.
     fn samples_needed(&self) -> usize {
-        self.level.clamp(4, 8)
+        self.level.clamp(4, 16)
     }
 
-    /// The reader had to wait for a part still in flight.
-    pub fn note_starved(&mut self) {
+    /// The reader had to wait for a part still in flight (in the reader, through
+    /// [`Self::waited_while_full`]).
+    #[cfg(test)]
+    fn note_starved(&mut self) {
         self.starved = true;
+    }
+
+    /// The reader had to wait for a part while `in_flight` parts were in flight. At the level
+    /// probing started at, with that many in flight and before any decision, once one of its
+    /// parts has finished, that doubles the level now (within `ceiling`, as in
+    /// [`Self::record`]), to be judged against the estimate of the parts the first level
+    /// finished. Returns the new level if it changed.
+    pub fn waited_while_full(&mut self, in_flight: usize, ceiling: usize) -> Option<usize> {
+        self.starved = true;
+        if !self.first || self.settled || in_flight < self.level || self.level >= ceiling {
+            return None;
+        }
+        if self.level >= self.cap {
+            self.first = false;
+            self.settled = true;
+            return None;
+        }
+        let rate = median(&mut self.early)?;
+        self.first = false;
+        self.rates.clear();
+        self.starved = false;
+        self.previous = Some((self.level, self.level as f64 * rate, true));
+        self.level = (self.level * 2).min(self.cap);
+        self.skip = self.level;
+        Some(self.level)
     }
 
     /// A part started at `level` streams (`full`: the pipe held that many) delivered `bytes`
@@ -102,24 +154,36 @@ impl Streams {
         elapsed: Duration,
         ceiling: usize,
     ) -> Option<usize> {
-        if self.settled || level != self.level || !full || bytes == 0 {
+        if self.settled || level != self.level || bytes == 0 {
             return None;
         }
-        let secs = elapsed.as_secs_f64().max(1e-6);
-        self.rates.push(bytes as f64 / secs);
+        let rate = bytes as f64 / elapsed.as_secs_f64().max(1e-6);
+        if self.first && self.early.len() < EARLY_KEPT {
+            self.early.push(rate);
+        }
+        if !full {
+            return None;
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return None;
+        }
+        self.rates.push(rate);
         if self.rates.len() < self.samples_needed() {
             return None;
         }
-        self.rates.sort_by(f64::total_cmp);
-        let estimate = self.level as f64 * self.rates[self.rates.len() / 2];
+        let estimate = self.level as f64 * median(&mut self.rates).unwrap_or(0.0);
         self.rates.clear();
+        self.first = false;
         let starved = std::mem::take(&mut self.starved);
         let before = self.level;
-        if let Some((prev_level, prev)) = self.previous.take() {
+        if let Some((prev_level, prev, unmeasured)) = self.previous.take() {
             // Just rose from `prev_level`.
             if estimate < prev * GROWTH {
-                // The rise did not pay: keep the smaller level if it did no better.
-                if estimate <= prev {
+                // The rise did not pay: keep the smaller level if it did no better, or if the
+                // level before was never measured (its estimate is only a guess, so only a
+                // clear gain keeps the rise).
+                if estimate <= prev || unmeasured {
                     self.level = prev_level;
                 }
                 self.settled = true;
@@ -133,7 +197,7 @@ impl Streams {
         } else if self.level >= self.cap {
             self.settled = true;
         } else {
-            self.previous = Some((self.level, estimate));
+            self.previous = Some((self.level, estimate, false));
             self.level = (self.level * 2).min(self.cap);
         }
         (self.level != before).then_some(self.level)
@@ -143,6 +207,12 @@ impl Streams {
     pub fn settled(&self) -> bool {
         self.settled
     }
+}
+
+/// The median of `rates` (sorted in place), if there are any.
+fn median(rates: &mut [f64]) -> Option<f64> {
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len() / 2).copied()
 }
 
 #[cfg(test)]
@@ -229,6 +299,72 @@ mod tests {
             assert_eq!(s.record(8, false, 1, Duration::from_secs(1), 64), None);
         }
         assert_eq!(s.level(), 8);
+    }
+
+    /// A part of the first level finished while the pipe was still filling.
+    fn early_part(s: &mut Streams, rate: f64) {
+        let level = s.level();
+        assert_eq!(
+            s.record(
+                level,
+                false,
+                8_000_000,
+                Duration::from_secs_f64(8e6 / rate),
+                64
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn the_first_wait_on_a_full_pipe_doubles_at_once() {
+        let mut s = Streams::adaptive(16, 64);
+        // Before any part of the first level has finished, there is nothing to judge a
+        // doubling by.
+        assert_eq!(s.waited_while_full(16, 64), None);
+        early_part(&mut s, 40e6);
+        // A wait with fewer in flight than the level, or at the ceiling, changes nothing.
+        assert_eq!(s.waited_while_full(15, 64), None);
+        assert_eq!(s.waited_while_full(16, 16), None);
+        assert_eq!(s.waited_while_full(16, 64), Some(32));
+        assert_eq!(s.level(), 32);
+        // Only the first level rises at once; the doubling paid (40 MB/s a stream still), so
+        // probing goes on, measured.
+        assert_eq!(s.waited_while_full(32, 64), None);
+        // A round of the pipe passes before the doubled level is measured.
+        for _ in 0..32 {
+            assert_eq!(s.record(32, true, 1, Duration::from_secs(1), 64), None);
+        }
+        assert_eq!(feed(&mut s, true, |_| 40e6), Some(64));
+        // 64 streams give no more than 32: back to 32.
+        assert_eq!(feed(&mut s, true, |l| 1280e6 / l as f64), Some(32));
+        assert!(s.settled());
+    }
+
+    #[test]
+    fn a_first_doubling_on_a_link_the_first_level_fills_is_undone() {
+        // 8 streams share 320 MB/s; a part finished while the pipe filled ran at 40 MB/s.
+        let link = |level: usize| 320e6 / level as f64;
+        let mut s = Streams::adaptive(8, 64);
+        early_part(&mut s, 40e6);
+        assert_eq!(s.waited_while_full(8, 64), Some(16));
+        for _ in 0..16 {
+            assert_eq!(s.record(16, true, 1, Duration::from_secs(1), 64), None);
+        }
+        assert_eq!(feed(&mut s, true, link), Some(8));
+        assert!(s.settled());
+    }
+
+    #[test]
+    fn after_a_measured_decision_a_wait_rises_no_faster() {
+        let mut s = Streams::adaptive(8, 64);
+        // The reader kept up: measured, held at 8.
+        assert_eq!(feed(&mut s, false, |_| 40e6), None);
+        assert_eq!(s.waited_while_full(8, 64), None);
+        assert_eq!(s.level(), 8);
+        // A fixed level never moves.
+        let mut f = Streams::fixed(8);
+        assert_eq!(f.waited_while_full(8, 64), None);
     }
 
     #[test]
