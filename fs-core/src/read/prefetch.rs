@@ -3,7 +3,8 @@
 //!
 //! A *part* is one ranged GET of the object. While the reader moves forward, the window (bytes
 //! requested ahead of it) starts small, so a program that reads only a file's header pays for
-//! little, and doubles each time the reader finishes a part, up to `part_size × (streams + 1)`.
+//! little, and grows [`WINDOW_GROWTH`]-fold each time the reader finishes a part, up to
+//! `part_size × (streams + 1)`.
 //! Parts are fetched concurrently and handed out strictly in offset order. How many streams
 //! (parts in flight) a reader uses is [`super::streams::Streams`]'s choice, within the
 //! reader's fair share of the budget.
@@ -31,6 +32,14 @@ use super::cache::{read_range, ObjectCache};
 use super::streams::Streams;
 use crate::error::{FsError, FsResult};
 use crate::store::{ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreResult};
+
+/// How many times larger each part the reader finishes makes the window. Each step waits for a
+/// part to come over the link (0.1 to 0.2 s for 4 to 8 MiB at 40 MB/s a stream), so doubling
+/// from 1 MiB took 8 steps to reach 17 parts of 8 MiB, most of a second of a 1 GiB read spent
+/// below the streams it was allowed (`benchmarks.md`, "The ramp when the reader is not the
+/// bound"); four-fold takes 4. A program that reads a file's first MiB and stops has then
+/// fetched at most 5 MiB.
+const WINDOW_GROWTH: u64 = 4;
 
 /// Streams each of several readers streaming at once may always have, whatever their share of
 /// the stream cap: where probing started before a single reader started higher, and the
@@ -398,12 +407,12 @@ impl<S: ObjectStore> Reader<S> {
             }
             self.parts.pop_front();
         }
-        // Each part the reader finishes doubles the window, up to its maximum.
+        // Each part the reader finishes grows the window, up to its maximum.
         let max_window = self.max_window();
         for p in &self.parts {
             if p.end <= end && p.end > self.grown_to {
                 self.grown_to = p.end;
-                self.window = (self.window * 2).min(max_window);
+                self.window = (self.window * WINDOW_GROWTH).min(max_window);
             }
         }
         // Whether the window had requested all of this read before it came.
