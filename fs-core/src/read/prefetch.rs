@@ -4,7 +4,9 @@
 //! A *part* is one ranged GET of the object. While the reader moves forward, the window (bytes
 //! requested ahead of it) starts small, so a program that reads only a file's header pays for
 //! little, and grows [`WINDOW_GROWTH`]-fold each time the reader finishes a part, up to
-//! `part_size × (streams + 1)`.
+//! `part_size × (streams + 1)`; when the probe doubles the first level of streams (the reader
+//! waited with all of them in flight: it is streaming), the window goes to its new maximum at
+//! once.
 //! Parts are fetched concurrently and handed out strictly in offset order. How many streams
 //! (parts in flight) a reader uses is [`super::streams::Streams`]'s choice, within the
 //! reader's fair share of the budget.
@@ -36,9 +38,9 @@ use crate::store::{ObjectMeta, ObjectStore, StoreError, StoreErrorKind, StoreRes
 /// How many times larger each part the reader finishes makes the window. Each step waits for a
 /// part to come over the link (0.1 to 0.2 s for 4 to 8 MiB at 40 MB/s a stream), so doubling
 /// from 1 MiB took 8 steps to reach 17 parts of 8 MiB, most of a second of a 1 GiB read spent
-/// below the streams it was allowed (`benchmarks.md`, "The ramp when the reader is not the
-/// bound"); four-fold takes 4. A program that reads a file's first MiB and stops has then
-/// fetched at most 5 MiB.
+/// below the streams it was allowed (`benchmarks.md`, "The read ramp when the reader is not
+/// the bound"); four-fold takes 4. A program that reads a file's first MiB and stops has then
+/// fetched at most 6 MiB (4 MiB with doubling).
 const WINDOW_GROWTH: u64 = 4;
 
 /// Streams each of several readers streaming at once may always have, whatever their share of
@@ -485,6 +487,10 @@ impl<S: ObjectStore> Reader<S> {
             let ceiling = self.ceiling();
             if let Some(now) = self.streams.waited_while_full(in_flight, ceiling) {
                 tracing::debug!(key = %self.key, streams = now, "read streams changed");
+                // A reader that kept the first level's whole window busy is streaming: the
+                // doubled level's parts start now, not a window step later.
+                self.window = self.max_window();
+                self.top_up(self.parts[i].start, 0);
             }
         }
         let part = &mut self.parts[i];
