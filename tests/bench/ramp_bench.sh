@@ -12,8 +12,8 @@
 # checked. A single read goes to /dev/null, as curl's do: its check is the daemon's own
 # whole-object CRC32C against the object's, which must be in its log (a mismatch fails the
 # read). The row "the reader comparing the bytes" pipes the same read into cmp against the
-# source, as the eight readers do: the reader's own work on the same two cores. The stream levels each default read went through are printed from the
-# daemon's log. Every read is preceded by warm_memory (tests/bench/common.sh; WARM_GIB=0 skips
+# source, as the eight readers do: the reader's own work on the same two cores. The stream
+# levels each default read went through are printed from the daemon's log. Every read is preceded by warm_memory (tests/bench/common.sh; WARM_GIB=0 skips
 # it). Needs root and /dev/fuse.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

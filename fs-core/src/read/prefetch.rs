@@ -258,6 +258,14 @@ impl<S: ObjectStore> Reader<S> {
         self.cfg.part_size * (self.concurrency() as u64 + 1)
     }
 
+    /// Parts whose GET has not been taken in yet.
+    fn in_flight(&self) -> usize {
+        self.parts
+            .iter()
+            .filter(|p| matches!(p.state, PartState::Pending(_)))
+            .count()
+    }
+
     /// Bytes this reader holds in parts, reserved or not.
     pub fn held_bytes(&self) -> u64 {
         self.parts.iter().map(|p| p.end - p.start).sum()
@@ -338,11 +346,7 @@ impl<S: ObjectStore> Reader<S> {
         while self.next_fetch < self.size {
             let ahead = self.next_fetch.saturating_sub(reader_at);
             let must = self.next_fetch < needed;
-            let in_flight = self
-                .parts
-                .iter()
-                .filter(|p| matches!(p.state, PartState::Pending(_)))
-                .count();
+            let in_flight = self.in_flight();
             if !must && (ahead >= window || in_flight >= concurrency) {
                 break;
             }
@@ -479,11 +483,7 @@ impl<S: ObjectStore> Reader<S> {
     async fn ready(&mut self, i: usize) -> StoreResult<Bytes> {
         let waits = matches!(&self.parts[i].state, PartState::Pending(h) if !h.is_finished());
         if waits {
-            let in_flight = self
-                .parts
-                .iter()
-                .filter(|p| matches!(p.state, PartState::Pending(_)))
-                .count();
+            let in_flight = self.in_flight();
             let ceiling = self.ceiling();
             if let Some(now) = self.streams.waited_while_full(in_flight, ceiling) {
                 tracing::debug!(key = %self.key, streams = now, "read streams changed");
