@@ -691,9 +691,10 @@ fn a_writer_beside_passthrough_readers_is_told_the_file_is_busy() -> Result<()> 
 }
 
 /// Real buckets are reached over HTTPS. The same client goes through TLS to the emulator and
-/// trusts a CA made for this test, given to the daemon alone through `SSL_CERT_FILE`. Bytes read
-/// and written are checked. Without that trust the mount is refused: nothing in the machine's
-/// trust store vouches for the emulator.
+/// trusts a CA made for this test, given to the daemon alone through `SSL_CERT_FILE`; the
+/// read path's ranges come over TLS 1.3 with their records opened in place (`tls_records`).
+/// Bytes read and written are checked. Without that trust the mount is refused: nothing in
+/// the machine's trust store vouches for the emulator.
 #[test]
 fn reads_and_writes_over_https_trusting_a_test_ca() -> Result<()> {
     let ca = bucketdrive_tests::TestCa::new()?;
@@ -709,11 +710,23 @@ fn reads_and_writes_over_https_trusting_a_test_ca() -> Result<()> {
         &https,
         "tls-bucket",
         cache.path(),
-        &[("SSL_CERT_FILE", &ca.cert)],
+        &[
+            ("SSL_CERT_FILE", &ca.cert),
+            (
+                "RUST_LOG",
+                std::path::Path::new("info,fs_core::store::range_get=debug"),
+            ),
+        ],
         &[],
     )?;
     let got = std::fs::read(m.path().join("in.bin"))?;
     assert_eq!(sha256(&got), sha256(&data), "read over HTTPS");
+    // The emulator (Go's TLS) negotiates TLS 1.3: the ranges' records were opened in place.
+    assert!(
+        m.log_text().contains("TLS 1.3, records opened in place"),
+        "records carried by tls_records: {}",
+        m.log_tail(20)
+    );
     let out = random_bytes(3 * MIB + 7, 78);
     bucketdrive_tests::write_and_close(&m.path().join("out.bin"), &out)?;
     m.wait_uploaded(Duration::from_secs(60))?;

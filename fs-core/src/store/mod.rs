@@ -13,6 +13,7 @@ pub mod memory;
 pub mod range_get;
 pub mod retry;
 pub mod tls;
+mod tls_records;
 
 use std::collections::HashMap;
 use std::ops::Range;

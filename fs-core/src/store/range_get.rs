@@ -6,8 +6,9 @@
 //! the client's handling of the pieces were about a tenth of the daemon's CPU per GiB
 //! (`benchmarks.md`, "Ranged GETs straight into the part"). This module sends the GET itself,
 //! over HTTP/1.1 on connections it keeps open, and receives the body with the part's buffer as
-//! the socket read's destination: the kernel's copy out of the socket (or, over HTTPS, rustls's
-//! copy of each record's plaintext) is the only one in user space.
+//! the socket read's destination: the kernel's copy out of the socket is the only one in user
+//! space. Over HTTPS the same holds: rustls makes the connection, and its TLS 1.3 records are
+//! opened in the part's buffer where they were received ([`super::tls_records`]).
 //!
 //! It is deliberately narrow. It only reads a media range of one object generation, the one
 //! request the read path sends by the thousand; every other request goes through the client.
@@ -26,7 +27,7 @@
 use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -37,6 +38,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
+use super::tls_records::{self, Handshake, Records};
 use super::{StoreError, StoreErrorKind, StoreResult};
 use crate::buffer_pool::Filling;
 
@@ -88,14 +90,28 @@ pub struct RangeGetter {
 const UNSUPPORTED_LIMIT: u32 = 8;
 
 struct Tls {
+    config: Arc<rustls::ClientConfig>,
     connector: tokio_rustls::TlsConnector,
     name: rustls::pki_types::ServerName<'static>,
+    /// Records are carried by [`tls_records`] until a server negotiates what it does not carry
+    /// (TLS 1.2); from then on, by `tokio-rustls`.
+    records: AtomicBool,
 }
 
 impl RangeGetter {
     /// A reader for `bucket` at `endpoint` (`http://` or `https://`, as the store was given),
     /// or why not.
     pub fn new(endpoint: &str, bucket: &str, token: Option<TokenFn>) -> Result<Self, String> {
+        Self::trusting(endpoint, bucket, token, None)
+    }
+
+    /// [`RangeGetter::new`], trusting `roots` rather than the platform's verifier if given.
+    fn trusting(
+        endpoint: &str,
+        bucket: &str,
+        token: Option<TokenFn>,
+        roots: Option<rustls::RootCertStore>,
+    ) -> Result<Self, String> {
         let url = reqwest::Url::parse(endpoint).map_err(|e| format!("{endpoint}: {e}"))?;
         let host = url
             .host_str()
@@ -106,7 +122,7 @@ impl RangeGetter {
             .ok_or_else(|| format!("{endpoint}: no port"))?;
         let tls = match url.scheme() {
             "http" => None,
-            "https" => Some(tls_for(&host)?),
+            "https" => Some(tls_for(&host, roots)?),
             other => return Err(format!("{endpoint}: scheme {other}")),
         };
         let host_header = match url.port() {
@@ -235,23 +251,54 @@ impl RangeGetter {
     }
 
     async fn connect(&self) -> StoreResult<Conn> {
+        let tcp = self.connect_tcp().await?;
+        let Some(tls) = &self.tls else {
+            return Ok(Conn::Plain(tcp));
+        };
+        let handshake_timed_out =
+            || transient(format!("TLS handshake with {}: timed out", self.addr));
+        if tls.records.load(Ordering::Relaxed) {
+            let handshake = tls_records::connect(tcp, tls.config.clone(), tls.name.clone());
+            match tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+                .await
+                .map_err(|_| handshake_timed_out())?
+                .map_err(|e| tls_error(&self.addr, e))?
+            {
+                Handshake::Records(records) => {
+                    tracing::debug!("{}: TLS 1.3, records opened in place", self.addr);
+                    return Ok(Conn::Records(records));
+                }
+                Handshake::NotOurs(what) => {
+                    if tls.records.swap(false, Ordering::Relaxed) {
+                        tracing::debug!(
+                            "{} negotiated {what}: its TLS records go through rustls",
+                            self.addr
+                        );
+                    }
+                }
+            }
+            return self.connect_rustls(tls, self.connect_tcp().await?).await;
+        }
+        self.connect_rustls(tls, tcp).await
+    }
+
+    async fn connect_tcp(&self) -> StoreResult<TcpStream> {
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, connect_any(&self.addr))
             .await
             .map_err(|_| transient(format!("connecting to {}: timed out", self.addr)))?
             .map_err(|e| transient(format!("connecting to {}: {e}", self.addr)))?;
         // Requests are small and sent whole; waiting to coalesce them only adds latency.
         let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => Ok(Conn::Plain(tcp)),
-            Some(tls) => {
-                let handshake = tls.connector.connect(tls.name.clone(), tcp);
-                let stream = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
-                    .await
-                    .map_err(|_| transient(format!("TLS handshake with {}: timed out", self.addr)))?
-                    .map_err(|e| tls_error(&self.addr, e))?;
-                Ok(Conn::Tls(Box::new(stream)))
-            }
-        }
+        Ok(tcp)
+    }
+
+    async fn connect_rustls(&self, tls: &Tls, tcp: TcpStream) -> StoreResult<Conn> {
+        let handshake = tls.connector.connect(tls.name.clone(), tcp);
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+            .await
+            .map_err(|_| transient(format!("TLS handshake with {}: timed out", self.addr)))?
+            .map_err(|e| tls_error(&self.addr, e))?;
+        Ok(Conn::Tls(Box::new(stream)))
     }
 
     /// Sends `request` on `conn` and receives its answer into `buf`.
@@ -370,7 +417,7 @@ impl RangeGetter {
                 }
             }
         }
-        if !parsed.close && wake.reset(&conn) {
+        if !parsed.close && conn.reusable() && wake.reset(&conn) {
             self.put_idle(conn);
         }
         Ok(Got::Filled(buf))
@@ -412,10 +459,12 @@ impl RangeGetter {
 /// part").
 const WAKE_AT: usize = 256 << 10;
 
-/// The most body bytes rustls can hold between our reads, with room to spare: one partial
-/// record (at most 16 KiB of plaintext and its overhead) and what one read of the socket
-/// (at most a record's worth) decrypted.
+/// The most body bytes TLS can hold between our reads, with room to spare. Through rustls:
+/// one partial record (at most 16 KiB of plaintext and its overhead) and what one read of the
+/// socket (at most a record's worth) decrypted. Through [`tls_records`]: its
+/// [`tls_records::MOST_HELD`].
 const TLS_HELD: usize = 64 << 10;
+const _: () = assert!(tls_records::MOST_HELD <= TLS_HELD);
 
 /// The socket's receive low-water mark, kept at most the bytes the socket is sure still to
 /// bring, so the last of them still wake the reader. Over TLS that is the body's remaining
@@ -447,7 +496,7 @@ impl WakeAt {
         // not yet read out (a read of its takes at most a record and a bit).
         let still_to_come = match conn {
             Conn::Plain(_) => remaining,
-            Conn::Tls(_) => remaining.saturating_sub(TLS_HELD),
+            Conn::Tls(_) | Conn::Records(_) => remaining.saturating_sub(TLS_HELD),
         };
         let want = WAKE_AT.min(still_to_come).max(1);
         if want != self.set && (self.set != 0 || want > 1) && set_rcvlowat(conn, want) {
@@ -485,6 +534,7 @@ fn set_rcvlowat(conn: &Conn, bytes: usize) -> bool {
         let tcp = match conn {
             Conn::Plain(tcp) => tcp,
             Conn::Tls(tls) => tls.get_ref().0,
+            Conn::Records(records) => records.tcp(),
         };
         let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         // SAFETY: a valid socket descriptor owned by `tcp`, and a pointer to a c_int of the
@@ -582,27 +632,40 @@ fn tls_error(addr: &str, e: std::io::Error) -> StoreError {
 }
 
 /// A TLS connector that trusts what the HTTP client trusts: the platform's verifier (the
-/// system's roots, and `SSL_CERT_FILE`), with the process's crypto provider.
-fn tls_for(host: &str) -> Result<Tls, String> {
+/// system's roots, and `SSL_CERT_FILE`), with the process's crypto provider. Tests give
+/// `roots` of their own instead.
+fn tls_for(host: &str, roots: Option<rustls::RootCertStore>) -> Result<Tls, String> {
     super::tls::install_crypto_provider();
     let provider = rustls::crypto::CryptoProvider::get_default()
         .cloned()
         .ok_or("no TLS crypto provider")?;
-    let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
-        .map_err(|e| format!("TLS verifier: {e}"))?;
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS config: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
+        .map_err(|e| format!("TLS config: {e}"))?;
+    let mut config = match roots {
+        Some(roots) => builder.with_root_certificates(roots),
+        None => {
+            let verifier = rustls_platform_verifier::Verifier::new(provider)
+                .map_err(|e| format!("TLS verifier: {e}"))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
+        }
+    }
+    .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // The read path carries the records of TLS 1.3 itself (`tls_records`), with the secrets
+    // rustls hands over; they stay inside this process.
+    config.enable_secret_extraction = true;
+    let config = Arc::new(config);
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let name = rustls::pki_types::ServerName::try_from(bare.to_string())
         .map_err(|e| format!("TLS name {host}: {e}"))?;
     Ok(Tls {
-        connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        connector: tokio_rustls::TlsConnector::from(config.clone()),
+        config,
         name,
+        records: AtomicBool::new(true),
     })
 }
 
@@ -695,10 +758,22 @@ fn parse_content_range(v: &str) -> Option<(u64, u64)> {
     Some((first.trim().parse().ok()?, last.trim().parse().ok()?))
 }
 
-/// A connection, plain or over TLS.
+/// A connection: plain, over TLS with records carried here, or over TLS through
+/// `tokio-rustls`.
 enum Conn {
     Plain(TcpStream),
+    Records(Box<Records>),
     Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Conn {
+    /// Whether another request may be sent on it, once an answer is read.
+    fn reusable(&mut self) -> bool {
+        match self {
+            Conn::Records(records) => records.reusable(),
+            Conn::Plain(_) | Conn::Tls(_) => true,
+        }
+    }
 }
 
 impl AsyncRead for Conn {
@@ -709,6 +784,7 @@ impl AsyncRead for Conn {
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Records(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -722,6 +798,7 @@ impl AsyncWrite for Conn {
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Records(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
@@ -729,6 +806,7 @@ impl AsyncWrite for Conn {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Records(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
@@ -736,6 +814,7 @@ impl AsyncWrite for Conn {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Records(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }

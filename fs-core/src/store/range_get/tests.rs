@@ -8,6 +8,8 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use std::sync::atomic::Ordering;
+
 use super::{Got, RangeGetter, TokenFn};
 use crate::buffer_pool::BufferPool;
 use crate::store::StoreErrorKind;
@@ -28,58 +30,90 @@ enum Answer {
 /// `script[c][n]`, closing a connection once its answers run out. Returns its endpoint and
 /// the requests it received, in order, each with the index of its connection.
 async fn serve(script: Vec<Vec<Answer>>) -> (String, Arc<Mutex<Vec<(usize, String)>>>) {
+    let (port, seen) = serve_with(script, None).await;
+    (format!("http://127.0.0.1:{port}"), seen)
+}
+
+/// [`serve`], over TLS through `tls` if given; returns the port.
+async fn serve_with(
+    script: Vec<Vec<Answer>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> (u16, Arc<Mutex<Vec<(usize, String)>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     tokio::spawn(async move {
         for (c, answers) in script.into_iter().enumerate() {
-            let Ok((mut conn, _)) = listener.accept().await else {
+            let Ok((conn, _)) = listener.accept().await else {
                 return;
             };
             let log = log.clone();
-            tokio::spawn(async move {
-                for answer in answers {
-                    let mut head = Vec::new();
-                    while !head.ends_with(b"\r\n\r\n") {
-                        let mut b = [0u8; 1];
-                        if conn.read(&mut b).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        head.push(b[0]);
-                    }
-                    log.lock()
-                        .push((c, String::from_utf8_lossy(&head).into_owned()));
-                    match answer {
-                        Answer::Send(bytes, piece) => {
-                            for p in bytes.chunks(piece) {
-                                if conn.write_all(p).await.is_err() {
-                                    return;
-                                }
-                                tokio::task::yield_now().await;
-                            }
-                        }
-                        Answer::Pause(bytes, n, pause, piece) => {
-                            if conn.write_all(&bytes[..n]).await.is_err() {
-                                return;
-                            }
-                            tokio::time::sleep(pause).await;
-                            for p in bytes[n..].chunks(piece) {
-                                if conn.write_all(p).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                        Answer::SendAndClose(bytes) => {
-                            let _ = conn.write_all(&bytes).await;
-                            return;
-                        }
-                    }
+            match &tls {
+                None => {
+                    tokio::spawn(answer_all(conn, c, answers, log));
                 }
-            });
+                Some(tls) => {
+                    let tls = tls.clone();
+                    tokio::spawn(async move {
+                        if let Ok(conn) = tls.accept(conn).await {
+                            answer_all(conn, c, answers, log).await;
+                        }
+                    });
+                }
+            }
         }
     });
-    (format!("http://127.0.0.1:{port}"), seen)
+    (port, seen)
+}
+
+/// Answers the requests of connection `c` with `answers`, in turn.
+async fn answer_all<S>(
+    mut conn: S,
+    c: usize,
+    answers: Vec<Answer>,
+    log: Arc<Mutex<Vec<(usize, String)>>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    for answer in answers {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            if conn.read(&mut b).await.unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(b[0]);
+        }
+        log.lock()
+            .push((c, String::from_utf8_lossy(&head).into_owned()));
+        match answer {
+            Answer::Send(bytes, piece) => {
+                for p in bytes.chunks(piece) {
+                    if conn.write_all(p).await.is_err() || conn.flush().await.is_err() {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+            Answer::Pause(bytes, n, pause, piece) => {
+                if conn.write_all(&bytes[..n]).await.is_err() || conn.flush().await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                for p in bytes[n..].chunks(piece) {
+                    if conn.write_all(p).await.is_err() || conn.flush().await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Answer::SendAndClose(bytes) => {
+                let _ = conn.write_all(&bytes).await;
+                let _ = conn.flush().await;
+                return;
+            }
+        }
+    }
 }
 
 fn data(len: usize, seed: u32) -> Vec<u8> {
@@ -429,4 +463,60 @@ fn an_untrusted_certificate_is_said_and_not_retried() {
         super::tls_error("127.0.0.1:443", reset).kind,
         StoreErrorKind::Transient
     );
+}
+
+/// Over HTTPS, a TLS 1.3 server's records are carried by `tls_records`, a connection kept
+/// for the next range; a TLS 1.2 server's first connection is given up after its handshake,
+/// and from then on rustls carries the records. The bytes are exact either way.
+#[tokio::test]
+async fn reads_over_tls_13_in_place_and_tls_12_through_rustls() {
+    super::super::tls::install_crypto_provider();
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = made.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        made.signing_key.serialize_der(),
+    ));
+    let object = data(3 << 20, 21);
+    let answers = vec![
+        Answer::Send(partial(&object, 0..1_000_000, ""), 70_000),
+        Answer::Send(partial(&object, 1_000_000..3 << 20, ""), 1 << 20),
+    ];
+    for (version, script, conn, records) in [
+        (&rustls::version::TLS13, vec![answers.clone()], 0, true),
+        (
+            &rustls::version::TLS12,
+            vec![vec![], answers.clone()],
+            1,
+            false,
+        ),
+    ] {
+        let server = rustls::ServerConfig::builder_with_protocol_versions(&[version])
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key.clone_key())
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let (port, seen) = serve_with(script, Some(acceptor)).await;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.clone()).unwrap();
+        let getter =
+            RangeGetter::trusting(&format!("https://localhost:{port}"), "b", None, Some(roots))
+                .unwrap();
+        let pool = BufferPool::new(16 << 20);
+        for range in [0..1_000_000u64, 1_000_000..3 << 20] {
+            let Got::Filled(buf) = get(&getter, &pool, range.clone()).await.unwrap() else {
+                panic!("not taken");
+            };
+            let want = &object[range.start as usize..range.end as usize];
+            assert_eq!(buf.crc32c(), Some(crc32c::crc32c(want)));
+            assert!(&buf.freeze()[..] == want, "{version:?}: bytes {range:?}");
+        }
+        let conns: Vec<usize> = seen.lock().iter().map(|(c, _)| *c).collect();
+        assert_eq!(
+            conns,
+            vec![conn, conn],
+            "{version:?}: both on one connection"
+        );
+        let carried = getter.tls.as_ref().unwrap().records.load(Ordering::Relaxed);
+        assert_eq!(carried, records, "{version:?}");
+    }
 }
