@@ -325,7 +325,11 @@ impl RangeGetter {
         let mut head = Vec::with_capacity(8 << 10);
         let parsed = loop {
             let mut chunk = [0u8; 8 << 10];
-            let n = match io(conn.read(&mut chunk)).await {
+            let read = io(conn.read(&mut chunk)).await;
+            if let Err(e) = &read {
+                self.records_failed(&conn, e);
+            }
+            let n = match read {
                 Ok(0) if head.is_empty() => {
                     return Err(Failed::BeforeAnswer(
                         transient("connection closed before an answer".into()),
@@ -410,10 +414,11 @@ impl RangeGetter {
                 }
                 Ok(n) => buf.advance(n),
                 Err(e) => {
+                    self.records_failed(&conn, &e);
                     return Err(failed(format!(
                         "receiving after {} of {want} bytes: {e}",
                         buf.len()
-                    )))
+                    )));
                 }
             }
         }
@@ -421,6 +426,26 @@ impl RangeGetter {
             self.put_idle(conn);
         }
         Ok(Got::Filled(buf))
+    }
+
+    /// A read of a connection whose records are carried by [`tls_records`] failed in the
+    /// record layer (a record that failed its check or was not understood, an alert from the
+    /// server): later connections go through rustls instead, which is slower but may
+    /// understand this server better. Whatever it is, it must not fail every read of the
+    /// mount.
+    fn records_failed(&self, conn: &Conn, e: &std::io::Error) {
+        use std::io::ErrorKind::{ConnectionAborted, InvalidData};
+        let (Conn::Records(_), Some(tls)) = (conn, &self.tls) else {
+            return;
+        };
+        if matches!(e.kind(), InvalidData | ConnectionAborted)
+            && tls.records.swap(false, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "{}: TLS records failed ({e}); reading through rustls from now on",
+                self.addr
+            );
+        }
     }
 
     /// The error an answer other than 2xx stands for, with GCS's message if its body has one.

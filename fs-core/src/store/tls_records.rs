@@ -28,7 +28,10 @@
 //!
 //! Only TLS 1.3 with an AEAD ring runs (AES-GCM, ChaCha20-Poly1305) is carried here. A server
 //! that negotiates TLS 1.2 gets [`Handshake::NotOurs`], and the caller connects again through
-//! `tokio-rustls`, for that connection and every later one.
+//! `tokio-rustls`, for that connection and every later one. So does a server whose records
+//! fail here once a connection is made (a record that fails its check, an alert): rustls
+//! cannot hand over everything it may hold at the handover (a `KeyUpdate` it owes the server
+//! is sent only with its next data), and whatever the cause, it must not fail every read.
 
 use std::io;
 use std::pin::Pin;
@@ -70,6 +73,9 @@ const MAX_FLIGHT: usize = 256 << 10;
 /// [`Records::plain`] came out of `raw`, which is read again only once `plain` is empty).
 /// The receive mark of [`super::range_get`] stays this far below the body's remaining bytes.
 pub(super) const MOST_HELD: usize = HEADER + MAX_CIPHERTEXT - 1 + RAW_READ;
+
+/// How long the rest of a handshake message rustls holds in part may take to come.
+const HELD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Content types (RFC 8446, section 5.1).
 const ALERT: u8 = 21;
@@ -147,10 +153,20 @@ pub(super) async fn connect(
             // handshake message (a session ticket) whose rest is in the next record. Its
             // bytes are opened already, and would not open again here; the rest is on its
             // way, so it is received and given to rustls first.
+            // A server that sent nothing after it (an empty handshake record, which the RFC
+            // forbids and rustls lets by) is left to rustls rather than waited for.
             if !matches!(record_len(&incoming[..received]), Ok(Some(_))) {
                 break;
             }
-            receive(&mut tcp, &mut incoming, &mut received).await?;
+            let more = receive(&mut tcp, &mut incoming, &mut received);
+            match tokio::time::timeout(HELD_PATIENCE, more).await {
+                Ok(more) => more?,
+                Err(_) => {
+                    return Ok(Handshake::NotOurs(
+                        "a handshake record held with nothing after it".into(),
+                    ))
+                }
+            }
         }
     }
     if encoded > 0 {
@@ -173,6 +189,7 @@ pub(super) async fn connect(
         return Ok(Handshake::NotOurs("a cipher not carried here".into()));
     };
     incoming.truncate(received);
+    incoming.shrink_to(RAW_READ);
     Ok(Handshake::Records(Box::new(Records {
         tcp,
         kernel,
@@ -640,4 +657,4 @@ impl AsyncWrite for Records {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

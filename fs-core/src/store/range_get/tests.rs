@@ -520,3 +520,54 @@ async fn reads_over_tls_13_in_place_and_tls_12_through_rustls() {
         assert_eq!(carried, records, "{version:?}");
     }
 }
+
+/// A read whose TLS records fail here (a bit changed on the way, on the first connection
+/// only) fails that GET, as any broken stream does, and sends later connections through
+/// rustls: the next GET reads the exact bytes.
+#[tokio::test]
+async fn a_record_layer_failure_sends_later_connections_through_rustls() {
+    super::super::tls::install_crypto_provider();
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = made.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        made.signing_key.serialize_der(),
+    ));
+    let object = data(1 << 20, 22);
+    let answer = Answer::Send(partial(&object, 0..1 << 20, ""), 1 << 20);
+    let server = rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.clone()], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let (port, seen) = serve_with(vec![vec![answer.clone()], vec![answer]], Some(acceptor)).await;
+    let relay =
+        super::super::tls_records::tests::corrupting_relay(format!("127.0.0.1:{port}"), 600 << 10)
+            .await;
+    let relay_port = relay.rsplit(':').next().unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert).unwrap();
+    let getter = RangeGetter::trusting(
+        &format!("https://localhost:{relay_port}"),
+        "b",
+        None,
+        Some(roots),
+    )
+    .unwrap();
+    let pool = BufferPool::new(16 << 20);
+    let e = match get(&getter, &pool, 0..1 << 20).await {
+        Err(e) => e,
+        Ok(_) => panic!("a changed record was taken"),
+    };
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+    let tls = getter.tls.as_ref().unwrap();
+    assert!(
+        !tls.records.load(Ordering::Relaxed),
+        "through rustls from now on"
+    );
+    let Got::Filled(buf) = get(&getter, &pool, 0..1 << 20).await.unwrap() else {
+        panic!("not taken");
+    };
+    assert_eq!(buf.crc32c(), Some(crc32c::crc32c(&object)));
+    assert!(buf.freeze()[..] == object[..], "the bytes, through rustls");
+    assert_eq!(seen.lock().len(), 2);
+}

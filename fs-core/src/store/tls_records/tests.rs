@@ -350,35 +350,7 @@ async fn a_changed_byte_fails_the_read() {
         let _ = tls.read(&mut rest).await;
     })
     .await;
-    // A relay that flips one bit 500 KiB into what the server sends.
-    let relay = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let relay_addr = relay.local_addr().expect("addr").to_string();
-    let relay_task = tokio::spawn(async move {
-        let (client_side, _) = relay.accept().await.expect("accept");
-        let server_side = TcpStream::connect(real).await.expect("connect");
-        let (mut cr, mut cw) = client_side.into_split();
-        let (mut sr, mut sw) = server_side.into_split();
-        let up = tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut cr, &mut sw).await;
-        });
-        let mut seen = 0usize;
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            let n = match sr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            const AT: usize = 500 << 10;
-            if (seen..seen + n).contains(&AT) {
-                buf[AT - seen] ^= 0x20;
-            }
-            seen += n;
-            if cw.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-        up.abort();
-    });
+    let relay_addr = corrupting_relay(real, 500 << 10).await;
     let mut r = records(&relay_addr, client_config(&certs)).await;
     let mut got = Vec::new();
     let e = r
@@ -393,7 +365,6 @@ async fn a_changed_byte_fails_the_read() {
     let again = r.read(&mut [0u8; 10]).await;
     assert!(again.is_err(), "the connection stays failed");
     drop(r);
-    relay_task.abort();
     task.abort();
 }
 
@@ -470,4 +441,45 @@ async fn an_untrusted_certificate_is_rustls_error() {
 
 fn certs_other() -> Certs {
     certs()
+}
+
+/// A relay on loopback to `real`: on its first connection it flips one bit `at` bytes into what
+/// the server sends; later connections pass through untouched. Returns its address.
+pub(in crate::store) async fn corrupting_relay(real: String, at: usize) -> String {
+    let relay = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = relay.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        for first in std::iter::once(true).chain(std::iter::repeat(false)) {
+            let Ok((client_side, _)) = relay.accept().await else {
+                return;
+            };
+            let Ok(server_side) = TcpStream::connect(&real).await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client_side.into_split();
+                let (mut sr, mut sw) = server_side.into_split();
+                let up = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut seen = 0usize;
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if first && (seen..seen + n).contains(&at) {
+                        buf[at - seen] ^= 0x20;
+                    }
+                    seen += n;
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                up.abort();
+            });
+        }
+    });
+    addr
 }
