@@ -8,7 +8,8 @@
 //!
 //! So for the ranged GETs of the read path ([`super::range_get`]) rustls does the handshake
 //! and keeps the secrets, and this module carries the records. rustls completes the handshake
-//! (its unbuffered API, so no byte of the handshake's flight is left inside it), verifies the
+//! (its unbuffered API: the bytes received stay in our buffer, and what follows the handshake
+//! is ours to open, once any message rustls holds in part is whole), verifies the
 //! certificate with the same verifier as ever, and hands over the traffic secrets and a
 //! [`KernelConnection`], which derives the next keys on a `KeyUpdate` and keeps session
 //! tickets for the next handshake. Then a read of the body takes the socket's bytes straight
