@@ -39,6 +39,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::{Buf, BytesMut};
 use ring::aead::{
     Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305,
 };
@@ -46,7 +47,7 @@ use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::kernel::KernelConnection;
 use rustls::pki_types::ServerName;
 use rustls::unbuffered::{ConnectionState, EncodeError, UnbufferedStatus};
-use rustls::{ClientConfig, ConnectionTrafficSecrets, ProtocolVersion, SupportedCipherSuite};
+use rustls::{ClientConfig, ConnectionTrafficSecrets, SupportedCipherSuite};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -177,33 +178,30 @@ pub(super) async fn connect(
         Ok(taken) => taken,
         Err(e) => return Ok(Handshake::NotOurs(format!("secrets not handed over: {e}"))),
     };
-    let version = kernel.protocol_version();
-    if version != ProtocolVersion::TLSv1_3 {
-        return Ok(Handshake::NotOurs(format!("{version:?}")));
-    }
+    // A TLS 1.3 suite is a TLS 1.3 connection; anything else is left to rustls.
     let limit = match kernel.negotiated_cipher_suite() {
         SupportedCipherSuite::Tls13(suite) => suite.common.confidentiality_limit,
         #[allow(unreachable_patterns)]
-        other => return Ok(Handshake::NotOurs(format!("{:?}", other.suite()))),
+        _ => {
+            return Ok(Handshake::NotOurs(format!(
+                "{:?}",
+                kernel.protocol_version()
+            )))
+        }
     };
     let (Some(rx), Some(tx)) = (Cipher::new(secrets.rx), Cipher::new(secrets.tx)) else {
         return Ok(Handshake::NotOurs("a cipher not carried here".into()));
     };
-    incoming.truncate(received);
-    incoming.shrink_to(RAW_READ);
     Ok(Handshake::Records(Box::new(Records {
         tcp,
         kernel,
         rx,
         tx,
         limit,
-        raw: incoming,
-        raw_start: 0,
-        plain: Vec::new(),
-        plain_start: 0,
+        raw: BytesMut::from(&incoming[..received]),
+        plain: BytesMut::new(),
         handshake: Vec::new(),
-        out: Vec::new(),
-        out_start: 0,
+        out: BytesMut::new(),
         closed: false,
         broken: false,
         answer_key_update: false,
@@ -286,16 +284,13 @@ pub(super) struct Records {
     limit: u64,
     /// Bytes received and not yet opened, from a record's start: whole records, the last one
     /// perhaps partial. Only what a small read left, or what the handshake did.
-    raw: Vec<u8>,
-    raw_start: usize,
+    raw: BytesMut,
     /// Application data opened and not yet read out, when the reader's buffer was small.
-    plain: Vec<u8>,
-    plain_start: usize,
+    plain: BytesMut,
     /// A handshake message received in part.
     handshake: Vec<u8>,
     /// Sealed records not yet written.
-    out: Vec<u8>,
-    out_start: usize,
+    out: BytesMut,
     /// The server sent `close_notify`: reads return end of file.
     closed: bool,
     /// A read failed: the connection's state is lost and every read fails.
@@ -317,7 +312,7 @@ impl Records {
     /// answer had, and the stream is out of step.
     pub(super) fn reusable(&mut self) -> bool {
         while !self.closed && !self.broken && self.plain.is_empty() {
-            match record_len(&self.raw[self.raw_start..]) {
+            match record_len(&self.raw) {
                 Ok(Some(len)) => {
                     if self.open_raw(len).is_err() {
                         self.broken = true;
@@ -339,17 +334,12 @@ impl Records {
     /// moved to `plain`.
     fn open_raw(&mut self, len: usize) -> io::Result<()> {
         let mut raw = std::mem::take(&mut self.raw);
-        let start = self.raw_start;
-        let opened = self.open(&mut raw, start..start + len, start);
+        let opened = self.open(&mut raw, 0..len, 0);
         if let Ok(n) = opened {
-            self.plain.extend_from_slice(&raw[start..start + n]);
-            self.raw_start += len;
+            self.plain.extend_from_slice(&raw[..n]);
+            raw.advance(len);
         }
         self.raw = raw;
-        if self.raw_start == self.raw.len() {
-            self.raw.clear();
-            self.raw_start = 0;
-        }
         opened.map(|_| ())
     }
 
@@ -477,25 +467,21 @@ impl Records {
 
     /// One step of a read into `dst`; `Ready(Ok(true))` once it has data or reached the end.
     fn read_step(&mut self, cx: &mut Context<'_>, dst: &mut ReadBuf<'_>) -> Poll<io::Result<bool>> {
-        if self.plain_start < self.plain.len() {
-            let n = dst.remaining().min(self.plain.len() - self.plain_start);
-            dst.put_slice(&self.plain[self.plain_start..self.plain_start + n]);
-            self.plain_start += n;
-            if self.plain_start == self.plain.len() {
-                self.plain.clear();
-                self.plain_start = 0;
-            }
+        if !self.plain.is_empty() {
+            let n = dst.remaining().min(self.plain.len());
+            dst.put_slice(&self.plain[..n]);
+            self.plain.advance(n);
             return Poll::Ready(Ok(true));
         }
         if self.closed || dst.remaining() == 0 {
             return Poll::Ready(Ok(true));
         }
-        let pending = self.raw.len() - self.raw_start;
-        let whole = record_len(&self.raw[self.raw_start..])?;
+        let pending = self.raw.len();
+        let whole = record_len(&self.raw)?;
         if dst.remaining() >= pending + DIRECT_MIN {
             // Into the reader's buffer: what is held first, then the socket's bytes after it.
             let buf = dst.initialize_unfilled();
-            buf[..pending].copy_from_slice(&self.raw[self.raw_start..]);
+            buf[..pending].copy_from_slice(&self.raw);
             let mut end = pending;
             if whole.is_none() {
                 let mut read = ReadBuf::new(&mut buf[pending..]);
@@ -507,7 +493,6 @@ impl Records {
                 end += n;
             }
             self.raw.clear();
-            self.raw_start = 0;
             let (packed, partial) = self.open_all(buf, end)?;
             self.raw.extend_from_slice(&buf[partial..end]);
             dst.advance(packed);
@@ -519,10 +504,6 @@ impl Records {
             return Poll::Ready(Ok(false));
         }
         // Part of a record only, and a small buffer: receive into `raw`.
-        if self.raw_start > 0 {
-            self.raw.drain(..self.raw_start);
-            self.raw_start = 0;
-        }
         let held = self.raw.len();
         self.raw.resize(held + RAW_READ, 0);
         let mut read = ReadBuf::new(&mut self.raw[held..]);
@@ -538,15 +519,13 @@ impl Records {
 
     /// Writes sealed records not yet written.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.out_start < self.out.len() {
-            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.out_start..]))?;
+        while !self.out.is_empty() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.out_start += n;
+            self.out.advance(n);
         }
-        self.out.clear();
-        self.out_start = 0;
         Poll::Ready(Ok(()))
     }
 
@@ -561,7 +540,7 @@ impl Records {
         let start = self.out.len();
         self.out.extend_from_slice(&header);
         self.out.extend_from_slice(data);
-        self.out.push(APPLICATION_DATA);
+        self.out.extend_from_slice(&[APPLICATION_DATA]);
         let tag = self
             .tx
             .key
