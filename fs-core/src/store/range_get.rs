@@ -94,7 +94,8 @@ struct Tls {
     connector: tokio_rustls::TlsConnector,
     name: rustls::pki_types::ServerName<'static>,
     /// Records are carried by [`tls_records`] until a server negotiates what it does not carry
-    /// (TLS 1.2); from then on, by `tokio-rustls`.
+    /// (TLS 1.2), or a read fails in it ([`RangeGetter::records_failed`]); from then on, by
+    /// `tokio-rustls`.
     records: AtomicBool,
 }
 
@@ -255,15 +256,9 @@ impl RangeGetter {
         let Some(tls) = &self.tls else {
             return Ok(Conn::Plain(tcp));
         };
-        let handshake_timed_out =
-            || transient(format!("TLS handshake with {}: timed out", self.addr));
         if tls.records.load(Ordering::Relaxed) {
             let handshake = tls_records::connect(tcp, tls.config.clone(), tls.name.clone());
-            match tokio::time::timeout(CONNECT_TIMEOUT, handshake)
-                .await
-                .map_err(|_| handshake_timed_out())?
-                .map_err(|e| tls_error(&self.addr, e))?
-            {
+            match self.handshake(handshake).await? {
                 Handshake::Records(records) => {
                     tracing::debug!("{}: TLS 1.3, records opened in place", self.addr);
                     return Ok(Conn::Records(records));
@@ -293,12 +288,19 @@ impl RangeGetter {
     }
 
     async fn connect_rustls(&self, tls: &Tls, tcp: TcpStream) -> StoreResult<Conn> {
-        let handshake = tls.connector.connect(tls.name.clone(), tcp);
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+        let stream = self
+            .handshake(tls.connector.connect(tls.name.clone(), tcp))
+            .await?;
+        Ok(Conn::Tls(Box::new(stream)))
+    }
+
+    /// A TLS handshake, bounded by [`CONNECT_TIMEOUT`], its failure classified by
+    /// [`tls_error`].
+    async fn handshake<T>(&self, f: impl Future<Output = std::io::Result<T>>) -> StoreResult<T> {
+        tokio::time::timeout(CONNECT_TIMEOUT, f)
             .await
             .map_err(|_| transient(format!("TLS handshake with {}: timed out", self.addr)))?
-            .map_err(|e| tls_error(&self.addr, e))?;
-        Ok(Conn::Tls(Box::new(stream)))
+            .map_err(|e| tls_error(&self.addr, e))
     }
 
     /// Sends `request` on `conn` and receives its answer into `buf`.
