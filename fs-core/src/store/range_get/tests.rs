@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Got, RangeGetter, TokenFn};
 use crate::buffer_pool::BufferPool;
+use crate::store::tls_records::tests::{certs as tls_certs, roots as tls_roots, server_config};
 use crate::store::StoreErrorKind;
 
 /// What the server does with one request.
@@ -471,11 +472,7 @@ fn an_untrusted_certificate_is_said_and_not_retried() {
 #[tokio::test]
 async fn reads_over_tls_13_in_place_and_tls_12_through_rustls() {
     super::super::tls::install_crypto_provider();
-    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert = made.cert.der().clone();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
-        made.signing_key.serialize_der(),
-    ));
+    let certs = tls_certs();
     let object = data(3 << 20, 21);
     let answers = vec![
         Answer::Send(partial(&object, 0..1_000_000, ""), 70_000),
@@ -490,17 +487,16 @@ async fn reads_over_tls_13_in_place_and_tls_12_through_rustls() {
             false,
         ),
     ] {
-        let server = rustls::ServerConfig::builder_with_protocol_versions(&[version])
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.clone()], key.clone_key())
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(server_config(&certs, &[version], None, false));
         let (port, seen) = serve_with(script, Some(acceptor)).await;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.clone()).unwrap();
-        let getter =
-            RangeGetter::trusting(&format!("https://localhost:{port}"), "b", None, Some(roots))
-                .unwrap();
+        let getter = RangeGetter::trusting(
+            &format!("https://localhost:{port}"),
+            "b",
+            None,
+            Some(tls_roots(&certs)),
+        )
+        .unwrap();
         let pool = BufferPool::new(16 << 20);
         for range in [0..1_000_000u64, 1_000_000..3 << 20] {
             let Got::Filled(buf) = get(&getter, &pool, range.clone()).await.unwrap() else {
@@ -527,30 +523,25 @@ async fn reads_over_tls_13_in_place_and_tls_12_through_rustls() {
 #[tokio::test]
 async fn a_record_layer_failure_sends_later_connections_through_rustls() {
     super::super::tls::install_crypto_provider();
-    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert = made.cert.der().clone();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
-        made.signing_key.serialize_der(),
-    ));
+    let certs = tls_certs();
     let object = data(1 << 20, 22);
     let answer = Answer::Send(partial(&object, 0..1 << 20, ""), 1 << 20);
-    let server = rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.clone()], key)
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(
+        &certs,
+        &[&rustls::version::TLS13],
+        None,
+        false,
+    ));
     let (port, seen) = serve_with(vec![vec![answer.clone()], vec![answer]], Some(acceptor)).await;
     let relay =
         super::super::tls_records::tests::corrupting_relay(format!("127.0.0.1:{port}"), 600 << 10)
             .await;
     let relay_port = relay.rsplit(':').next().unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert).unwrap();
     let getter = RangeGetter::trusting(
         &format!("https://localhost:{relay_port}"),
         "b",
         None,
-        Some(roots),
+        Some(tls_roots(&certs)),
     )
     .unwrap();
     let pool = BufferPool::new(16 << 20);

@@ -14,12 +14,13 @@ use tokio_rustls::server::TlsStream;
 
 use super::{connect, Handshake, Records};
 
-struct Certs {
+/// A self-signed certificate for `localhost` and its key.
+pub(in crate::store) struct Certs {
     cert: CertificateDer<'static>,
     key: Vec<u8>,
 }
 
-fn certs() -> Certs {
+pub(in crate::store) fn certs() -> Certs {
     let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
         .expect("a test certificate");
     Certs {
@@ -39,7 +40,7 @@ fn provider(chacha_only: bool) -> rustls::crypto::CryptoProvider {
     p
 }
 
-fn server_config(
+pub(in crate::store) fn server_config(
     certs: &Certs,
     versions: &[&'static SupportedProtocolVersion],
     fragment: Option<usize>,
@@ -58,9 +59,15 @@ fn server_config(
     Arc::new(config)
 }
 
-fn client_config(certs: &Certs) -> Arc<ClientConfig> {
+/// Roots that trust `certs` alone.
+pub(in crate::store) fn roots(certs: &Certs) -> RootCertStore {
     let mut roots = RootCertStore::empty();
     roots.add(certs.cert.clone()).expect("root");
+    roots
+}
+
+fn client_config(certs: &Certs) -> Arc<ClientConfig> {
+    let roots = roots(certs);
     let mut config = ClientConfig::builder_with_provider(Arc::new(provider(false)))
         .with_safe_default_protocol_versions()
         .expect("versions")
